@@ -1,0 +1,7 @@
+"""``python -m kvlab``: same as the ``kvlab`` console script."""
+
+import sys
+
+from kvlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,106 @@
+"""Build the course: execute every numbered notebook headless (papermill), write HTML pages and an index."""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvlab import config
+
+
+@dataclass
+class NotebookRun:
+    """What happened to one notebook during a build."""
+
+    name: str
+    title: str
+    ok: bool
+    seconds: float
+    executed: Path
+    html: Path | None
+    error: str = ""
+
+
+def lessons(folder: Path | None = None) -> list[Path]:
+    """The numbered lesson notebooks (``00_…``, ``01_…``), in order."""
+    folder = folder or config.REPO_ROOT / "notebooks"
+    return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def notebook_title(path: Path) -> str:
+    """The first markdown heading of a notebook, or its file name."""
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return path.stem
+
+
+def execute(notebook: Path, out_dir: Path, parameters: dict | None = None, kernel_name: str = "python3") -> Path:
+    """Run one notebook top to bottom with papermill; the executed copy is written even when a cell fails."""
+    import papermill as pm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / notebook.name
+    pm.execute_notebook(str(notebook), str(executed), parameters=parameters or {}, kernel_name=kernel_name,
+                        cwd=str(notebook.parent), progress_bar=False, log_output=False)
+    return executed
+
+
+def to_html(executed: Path, out_dir: Path) -> Path:
+    """Convert an executed notebook to a standalone HTML page (plots embedded, works offline)."""
+    from nbconvert import HTMLExporter
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body, _ = HTMLExporter(template_name="lab").from_filename(str(executed))
+    page = out_dir / f"{executed.stem}.html"
+    page.write_text(body, encoding="utf-8")
+    return page
+
+
+def build(notebooks: list[Path] | None = None, out: Path | None = None) -> tuple[Path, list[NotebookRun]]:
+    """Execute the notebooks, write one HTML page each and ``index.html``; a failure does not stop the rest."""
+    from tqdm.auto import tqdm
+
+    out = out or config.build_dir()
+    runs: list[NotebookRun] = []
+    for nb in tqdm(notebooks or lessons(), desc="notebooks", unit="nb"):
+        start = time.perf_counter()
+        executed, error = out / "notebooks" / nb.name, ""
+        try:
+            execute(nb, out / "notebooks")
+        except Exception as exc:  # noqa: BLE001 - recorded, the build goes on
+            error = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+        page = to_html(executed, out / "html") if executed.exists() else None
+        runs.append(NotebookRun(nb.stem, notebook_title(nb), not error, time.perf_counter() - start, executed, page, error))
+    index = write_index(runs, out)
+    return index, runs
+
+
+def write_index(runs: list[NotebookRun], out: Path) -> Path:
+    """A small HTML page linking every executed notebook, with its status and run time."""
+    rows = []
+    for r in runs:
+        link = f'<a href="html/{r.html.name}">{html.escape(r.title)}</a>' if r.html else html.escape(r.title)
+        status = "ran top to bottom" if r.ok else f"failed: {html.escape(r.error)}"
+        rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{link}</td><td class='{'ok' if r.ok else 'bad'}'>{status}</td>"
+                    f"<td>{r.seconds:.0f} s</td></tr>")
+    mode = "quick (KVLAB_QUICK=1)" if config.quick() else "full"
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>KV Lab — executed course</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}
+table{{border-collapse:collapse;width:100%}}td,th{{border-bottom:1px solid #ddd;padding:.4rem;text-align:left}}
+.ok{{color:#1a7f37}}.bad{{color:#cf222e}}</style></head><body>
+<h1>KV Lab — executed course</h1>
+<p>Built {time.strftime('%Y-%m-%d %H:%M')} in {mode} mode with model <code>{html.escape(config.model_name())}</code>.
+Every number in these pages was measured during this build.</p>
+<table><tr><th>lesson</th><th>title</th><th>status</th><th>run time</th></tr>
+{''.join(rows)}
+</table></body></html>"""
+    index = out / "index.html"
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text(page, encoding="utf-8")
+    return index

@@ -1,0 +1,195 @@
+"""The engine factory: one function that builds a vLLM ``LLM`` with the right settings for the platform.
+
+CPU (the tested path): in-process engine, float32, an explicit KV budget (reproducible capacity),
+stats on (per-request timestamps exist), eager in quick mode. GPU: vLLM's defaults, plus stats on.
+vLLM's own log lines go to a file under the build folder, never into a learner's notebook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvlab import config
+from kvlab.errors import KVLabError
+from kvlab.model import resolve_model
+from kvlab.quiet import log_path, quiet
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+
+def on_gpu() -> bool:
+    """True when a CUDA device is visible: the engine then keeps vLLM's GPU defaults."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _prepare_vllm_import() -> None:
+    """Environment that must be set before vLLM is imported: in-process engine on CPU, our logging."""
+    if "vllm" in sys.modules:
+        return
+    if not on_gpu():
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    vllm_logger = logging.getLogger("vllm")
+    if not vllm_logger.handlers:
+        handler = logging.FileHandler(log_path())
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        vllm_logger.addHandler(handler)
+        vllm_logger.setLevel(logging.INFO)
+        vllm_logger.propagate = False
+
+
+def import_vllm():  # noqa: ANN201 - returns the vllm module
+    """Import vLLM quietly, with the course's environment in place."""
+    _prepare_vllm_import()
+    with quiet():
+        import vllm
+    return vllm
+
+
+def engine_defaults(quick: bool | None = None) -> dict[str, Any]:
+    """The engine arguments KV Lab sets for this platform (anything passed to make_engine wins)."""
+    quick = config.quick() if quick is None else quick
+    defaults: dict[str, Any] = {"disable_log_stats": False, "seed": 0, "use_tqdm_on_load": False}
+    if not on_gpu():
+        defaults |= {
+            "dtype": "float32",  # this CPU has no fast bf16: fp32 is 3-4x faster (see shared notes)
+            "kv_cache_memory_bytes": int(config.kv_cache_gib() * 2**30),
+            "enforce_eager": quick,  # compiled is ~25 % faster but its first start takes ~2 minutes
+        }
+    return defaults
+
+
+def make_engine(model: str | None = None, **engine_args: Any) -> LLM:
+    """Build a vLLM ``LLM`` for ``model`` (default: ``KVLAB_MODEL`` or SmolLM2-135M-Instruct).
+
+    Any vLLM engine argument passes through (``max_model_len=``, ``enable_prefix_caching=``,
+    ``kv_cache_dtype=``...). ``kv_cache_gib=`` is a shorthand for ``kv_cache_memory_bytes``.
+    Start-up failures become a one-sentence :class:`KVLabError`; the full log is in ``log_path()``.
+    """
+    target = resolve_model(model)
+    if "kv_cache_gib" in engine_args:
+        gib = engine_args.pop("kv_cache_gib")
+        if not isinstance(gib, (int, float)) or gib <= 0:
+            raise KVLabError(f"kv_cache_gib={gib!r} must be a positive number of GiB.")
+        engine_args["kv_cache_memory_bytes"] = int(gib * 2**30)
+    args = engine_defaults() | engine_args
+    vllm = import_vllm()
+    try:
+        with quiet():
+            llm = vllm.LLM(target, **args)
+    except KVLabError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - translated into one sentence, original kept in the log
+        raise _explain_start_failure(exc, target, args) from None
+    llm.kvlab_settings = {"model": target, **{k: str(v) for k, v in args.items()}}
+    return llm
+
+
+_FITS = re.compile(r"maximum model length is (\d+)")
+_WANTED = re.compile(r"max seq len \((\d+)\)")
+_MODEL_MISSING = ("repo id", "repository not found", "does not appear to have", "couldn't connect", "is not a local folder",
+                  "not a valid model identifier", "hfvalidationerror", "localentrynotfound", "cached snapshot", "no such file")
+
+
+def _explain_start_failure(exc: Exception, model: str, args: dict[str, Any]) -> KVLabError:
+    """Turn an exception from deep inside vLLM into one sentence a learner can act on."""
+    text = f"{type(exc).__name__}: {exc}"
+    logging.getLogger("vllm").error("engine start failed: %s", text)
+    low = text.lower()
+    if "kv cache" in low and ("max_model_len" in low or "max model len" in low or "larger than" in low):
+        fit, want = _FITS.search(text), _WANTED.search(text)
+        want_txt = want.group(1) if want else args.get("max_model_len", "the model's maximum")
+        where = f"the largest context that fits is {int(fit.group(1)):,} tokens" if fit else "not even one sequence fits"
+        return KVLabError(
+            f"The KV cache budget is too small for a context of {want_txt} tokens: {where}; "
+            "either raise the budget (kv_cache_gib=... or KVLAB_KV_CACHE_GIB) or lower max_model_len."
+        )
+    if any(s in low for s in _MODEL_MISSING):
+        return KVLabError(
+            f"Could not find model {model!r} locally or on the Hugging Face Hub; check the name and your network, "
+            "or set KVLAB_MODEL to a local Hugging Face folder (unset it for the default model)."
+        )
+    return KVLabError(f"vLLM could not start the engine for {model!r}: {str(exc).splitlines()[0][:300]} (full log: {log_path()}).")
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """The engine's own report of its KV cache (read from vLLM, not computed by hand).
+
+    num_blocks: KV blocks allocated; block_size: tokens per block; tokens: token slots in all
+    blocks; bytes_per_token: K+V bytes one token costs over all layers; bytes: total KV bytes;
+    kv_dtype: element type of the cache; max_model_len: context limit; max_concurrency: sequences
+    of full max_model_len length that fit at once.
+    """
+
+    num_blocks: int
+    block_size: int
+    tokens: int
+    bytes_per_token: int
+    bytes: int
+    kv_dtype: str
+    max_model_len: int
+    max_concurrency: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict, for tables and run metadata."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.num_blocks:,} blocks × {self.block_size} tokens = {self.tokens:,} tokens of KV "
+            f"({self.bytes / 2**30:.2f} GiB, {self.bytes_per_token:,} B/token, {self.kv_dtype}); "
+            f"{self.max_concurrency:.2f} sequences of {self.max_model_len:,} tokens fit at once"
+        )
+
+
+def kv_capacity(llm: LLM) -> KVCapacity:
+    """Read the KV capacity the engine allocated: blocks, block size, tokens, bytes, dtype."""
+    vcfg = llm.llm_engine.vllm_config
+    cache = vcfg.cache_config
+    specs: dict[str, Any] = {}
+    for worker_specs in llm.collective_rpc("get_kv_cache_spec"):
+        specs.update(worker_specs)
+    bytes_per_token = sum(s.page_size_bytes // s.block_size for s in specs.values())
+    dtypes = sorted({str(getattr(s, "dtype", "?")).replace("torch.", "") for s in specs.values()})
+    block_size = int(cache.block_size)
+    num_blocks = int(cache.num_gpu_blocks)
+    tokens = int(cache.kv_cache_size_tokens or num_blocks * block_size)
+    return KVCapacity(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        tokens=tokens,
+        bytes_per_token=int(bytes_per_token),
+        bytes=int(num_blocks * block_size * bytes_per_token),
+        kv_dtype="/".join(dtypes),
+        max_model_len=int(vcfg.model_config.max_model_len),
+        max_concurrency=float(cache.kv_cache_max_concurrency or tokens / vcfg.model_config.max_model_len),
+    )
+
+
+def close_engine(llm: LLM | None) -> None:
+    """Shut an engine down and give its memory back (before building another configuration)."""
+    if llm is None:
+        return
+    with quiet(), contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def chat(llm: LLM, question: str, max_tokens: int = 32, **sampling: Any):  # noqa: ANN201 - RequestOutput
+    """Ask one chat question greedily (temperature 0 unless overridden) and return vLLM's RequestOutput."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(**({"temperature": 0.0, "max_tokens": max_tokens} | sampling))
+    return llm.chat([{"role": "user", "content": question}], params, use_tqdm=False)[0]

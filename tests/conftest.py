@@ -1,0 +1,27 @@
+"""Shared fixtures: one real vLLM engine for the whole test session (engines are slow to start)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("KVLAB_QUICK", "1")
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The default model in a real vLLM engine with KV Lab's settings (eager, 1 GiB KV on CPU)."""
+    import kvlab
+
+    llm = kvlab.make_engine(enforce_eager=True)
+    yield llm
+    kvlab.close_engine(llm)
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    """The prepared, verified default model folder."""
+    import kvlab
+
+    return kvlab.prepare_default_model()

@@ -1,0 +1,26 @@
+"""The course's main job on notebook 00: papermill execution, HTML page, index; no vLLM noise shown."""
+
+import json
+
+import pytest
+
+from kvlab import course
+
+pytestmark = pytest.mark.notebook
+
+
+def test_build_notebook_00_writes_html_and_index(tmp_path):
+    nb = course.lessons()[0]
+    assert nb.name == "00_setup_and_first_tokens.ipynb"
+    index, runs = course.build([nb], tmp_path)
+    assert runs[0].ok, runs[0].error
+    page = tmp_path / "html" / "00_setup_and_first_tokens.html"
+    assert page.exists() and "plotly" in page.read_text()
+    assert 'href="html/00_setup_and_first_tokens.html"' in index.read_text()
+    executed = json.loads((tmp_path / "notebooks" / nb.name).read_text())
+    outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    shown = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs), "progress widget shown"
+    for noise in (" INFO ", "WARNING", "Loading safetensors", "it/s]", "Triton"):
+        assert noise not in shown, f"learners would see {noise!r}"
+    assert "Paris" in shown

@@ -1,0 +1,56 @@
+"""The real vLLM engine on the real default model: answers, KV capacity, timestamps, clear errors."""
+
+import json
+import math
+
+import pytest
+
+import kvlab
+from kvlab import timing
+
+pytestmark = pytest.mark.engine
+
+
+def test_greedy_chat_answer_is_paris(engine):
+    out = kvlab.chat(engine, "What is the capital of France?")
+    assert "Paris" in out.outputs[0].text
+
+
+def test_kv_capacity_matches_hand_formula_to_one_block(engine, model_dir):
+    cfg = json.loads((model_dir / "config.json").read_text())
+    layers, kv_heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    bytes_per_elem = 4  # the CPU engine runs float32 and the KV cache follows the model dtype
+    per_token = 2 * layers * kv_heads * head_dim * bytes_per_elem  # K and V
+    assert per_token == 46_080  # 2 · 30 · 3 · 64 · 4, the default model's figure
+    cap = kvlab.kv_capacity(engine)
+    budget = kvlab.config.kv_cache_gib() * 2**30
+    hand_tokens = math.floor(budget / per_token)
+    assert cap.bytes_per_token == per_token
+    assert abs(cap.tokens - hand_tokens) <= cap.block_size
+    assert cap.tokens == cap.num_blocks * cap.block_size
+    assert cap.bytes <= budget and cap.kv_dtype == "float32"
+
+
+def test_engine_timestamps_are_ordered_and_consistent(engine):
+    df, _ = kvlab.experiments.repeat_chat(engine, "Name three colours.", repeats=2, max_tokens=8)
+    assert (df.output_tokens == 8).all() and (df.prompt_tokens > 0).all()
+    assert (df.queue_s >= 0).all() and (df.prefill_s > 0).all() and (df.decode_s > 0).all()
+    assert (df.ttft_s >= df.prefill_s * 0.99).all()
+    summary = timing.summarize(df)
+    assert summary.ttft_s_p95.iloc[0] >= summary.ttft_s_p50.iloc[0]
+
+
+def test_kv_budget_too_small_names_largest_context_and_fixes():
+    with pytest.raises(kvlab.KVLabError) as err:
+        kvlab.make_engine(kv_cache_gib=0.05, enforce_eager=True)
+    msg = str(err.value)
+    assert "largest context that fits is 1,024 tokens" in msg
+    assert "kv_cache_gib" in msg and "max_model_len" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_hub_model_is_one_sentence(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(kvlab.KVLabError, match=r"Could not find model 'kvlab-test/no-such-model'.*KVLAB_MODEL"):
+        kvlab.make_engine("kvlab-test/no-such-model", enforce_eager=True)

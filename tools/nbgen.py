@@ -1,0 +1,31 @@
+"""Write a notebook from a list of ("md"|"code", source) cells: how the course's notebooks are authored.
+
+Usage from a lesson script:  write_notebook(path, cells)  — outputs are never stored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+
+def write_notebook(path: Path, cells: list[tuple[str, str]], parameters: str | None = None) -> None:
+    """Create ``path`` with markdown/code cells; ``parameters`` becomes a papermill-tagged first code cell."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    out = []
+    for kind, src in cells:
+        src = src.strip("\n")
+        if kind == "md":
+            out.append(nbformat.v4.new_markdown_cell(src))
+        elif kind == "params":
+            out.append(nbformat.v4.new_code_cell(src, metadata={"tags": ["parameters"]}))
+        else:
+            out.append(nbformat.v4.new_code_cell(src))
+    for i, c in enumerate(out):
+        c["id"] = f"cell-{i:02d}"
+    nb.cells = out
+    nbformat.validate(nb)
+    path.write_text(nbformat.writes(nb) + "\n")
