@@ -171,7 +171,7 @@ def kv_capacity(llm: LLM) -> KVCapacity:
         tokens=tokens,
         bytes_per_token=int(bytes_per_token),
         bytes=int(num_blocks * block_size * bytes_per_token),
-        kv_dtype="/".join(dtypes),
+        kv_dtype=str(cache.cache_dtype) if str(cache.cache_dtype) != "auto" else "/".join(dtypes),
         max_model_len=int(vcfg.model_config.max_model_len),
         max_concurrency=float(cache.kv_cache_max_concurrency or tokens / vcfg.model_config.max_model_len),
     )

@@ -180,3 +180,39 @@ def model_facts(model: str) -> dict[str, object]:
         "vocabulary": cfg.vocab_size,
         "max context (tokens)": getattr(cfg, "max_position_embeddings", None),
     }
+
+
+def prepare_kv_variant(kv_heads: int) -> Path:
+    """A random-weight copy of the default model with ``kv_heads`` KV heads (MHA: 9, MQA: 1); made once.
+
+    Same layers, hidden size, query heads and tokenizer: only the KV heads differ, so the engine's KV
+    capacity can be compared across attention types. The text it writes is gibberish; its shapes are real.
+    """
+    base = prepare_default_model()
+    cfg_dict = json.loads((base / "config.json").read_text())
+    heads = cfg_dict["num_attention_heads"]
+    if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        raise KVLabError(f"kv_heads={kv_heads!r} must divide the {heads} query heads (e.g. {heads} for MHA, 1 for MQA).")
+    target = config.cache_dir() / "models" / f"{config.DEFAULT_MODEL}-kv{kv_heads}-random"
+    if (target / STAMP).is_file():
+        return target
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with quiet():
+            import torch
+            from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+            cfg = AutoConfig.from_pretrained(base)
+            cfg.num_key_value_heads = kv_heads
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)  # random weights, half the disk
+            model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+        (tmp / STAMP).write_text(json.dumps({"base": str(base), "kv_heads": kv_heads, "weights": "random (seed 0)"}))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

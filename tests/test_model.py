@@ -86,3 +86,8 @@ def test_env_variable_selects_the_model(monkeypatch, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setenv("KVLAB_MODEL", str(tmp_path))
     assert model.resolve_model() == str(tmp_path.resolve())
+
+
+def test_kv_variant_must_divide_query_heads(model_dir):
+    with pytest.raises(KVLabError, match=r"kv_heads=4 must divide the 9 query heads"):
+        model.prepare_kv_variant(4)

@@ -1,0 +1,77 @@
+"""Labs: read a lab's ``parameters`` cell (names, defaults, types) and validate parameters before any work starts."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+from kvlab import config
+from kvlab.errors import KVLabError
+
+LAB_DIR = config.REPO_ROOT / "labs"
+
+
+def lab_path(lab: str) -> Path:
+    """Path of a lab notebook by name (``L01_capacity_planning``) or path."""
+    path = Path(lab)
+    if path.suffix == ".ipynb" and path.is_file():
+        return path
+    candidate = LAB_DIR / f"{Path(lab).stem}.ipynb"
+    if candidate.is_file():
+        return candidate
+    known = ", ".join(p.stem for p in sorted(LAB_DIR.glob("L*.ipynb")))
+    raise KVLabError(f"Unknown lab {lab!r}; the labs are: {known}.")
+
+
+def lab_parameters(lab: str) -> dict[str, dict[str, Any]]:
+    """The lab's parameters from its cell tagged ``parameters``: {name: {default, type, doc}}."""
+    import nbformat
+
+    nb = nbformat.read(lab_path(lab), as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise KVLabError(f"Lab {lab!r} has {len(cells)} cells tagged 'parameters'; papermill needs exactly one.")
+    source = cells[0].source
+    lines = source.splitlines()
+    params: dict[str, dict[str, Any]] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            default = ast.literal_eval(node.value)
+            line = lines[node.lineno - 1]
+            doc = line.split("#", 1)[1].strip() if "#" in line else ""
+            params[node.targets[0].id] = {"default": default, "type": type(default).__name__, "doc": doc}
+    return params
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, list):
+        if not isinstance(value, list) or not value:
+            return False
+        return not default or all(_type_ok(v, default[0]) for v in value)
+    return isinstance(value, type(default))
+
+
+def validate(lab: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Check names and types against the lab's parameters cell; return the full parameter set (defaults filled in)."""
+    spec = lab_parameters(lab)
+    name = lab_path(lab).stem
+    for key, value in given.items():
+        if key not in spec:
+            raise KVLabError(f"Lab {name} has no parameter {key!r}; its parameters are: {', '.join(spec)}.")
+        default = spec[key]["default"]
+        if not _type_ok(value, default):
+            want = f"a non-empty list like {default!r}" if isinstance(default, list) else f"a {type(default).__name__} like {default!r}"
+            raise KVLabError(f"Lab {name}: parameter {key}={value!r} should be {want}.")
+    return {k: v["default"] for k, v in spec.items()} | given
+
+
+def output_dir(lab: str, given: str = "") -> Path:
+    """Where a lab writes: the given folder, or ``<build>/labs/<lab>``."""
+    return Path(given).expanduser().resolve() if given else config.build_dir() / "labs" / Path(lab).stem

@@ -1,0 +1,67 @@
+"""Labs: parameters read from the tagged cell, validated before work starts; L01 runs headless and writes results."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from kvlab import labs
+from kvlab.errors import KVLabError
+
+
+def test_parameters_cell_is_read_with_defaults_types_and_docs():
+    spec = labs.lab_parameters("L01_capacity_planning")
+    assert spec["model"]["default"] == "Llama-3.1-8B" and spec["model"]["type"] == "str"
+    assert spec["memory_gib"]["type"] == "list" and "GiB" in spec["memory_gib"]["doc"]
+    assert set(spec) >= {"utilization", "context_lengths", "kv_dtype", "block_size", "output_dir"}
+
+
+def test_unknown_parameter_names_the_lab_and_lists_parameters():
+    with pytest.raises(KVLabError, match=r"Lab L01_capacity_planning has no parameter 'memory'; its parameters are: model, memory_gib"):
+        labs.validate("L01_capacity_planning", {"memory": 80})
+
+
+@pytest.mark.parametrize("key, value", [("memory_gib", 80), ("block_size", "16"), ("context_lengths", [])])
+def test_wrong_type_is_one_sentence(key, value):
+    with pytest.raises(KVLabError, match=rf"Lab L01_capacity_planning: parameter {key}=.* should be"):
+        labs.validate("L01_capacity_planning", {key: value})
+
+
+def test_ints_are_accepted_for_floats_and_defaults_fill_in():
+    params = labs.validate("L01_capacity_planning", {"memory_gib": [24, 80]})
+    assert params["memory_gib"] == [24, 80] and params["model"] == "Llama-3.1-8B"
+
+
+def test_unknown_lab_lists_labs():
+    with pytest.raises(KVLabError, match="Unknown lab 'L99'.*L01_capacity_planning"):
+        labs.lab_path("L99")
+
+
+@pytest.mark.notebook
+def test_lab_l01_runs_headless_twice_and_writes_tidy_results(tmp_path):
+    import papermill as pm
+
+    out = tmp_path / "out"
+    for _ in range(2):  # safe to run twice
+        pm.execute_notebook(str(labs.lab_path("L01_capacity_planning")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                            parameters={"model": "Qwen2.5-7B-Instruct", "memory_gib": [24, 80], "context_lengths": [8192, 32768],
+                                        "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == 4 and set(df.memory_gib) == {24, 80} and (df.model == "Qwen2.5-7B-Instruct").all()
+    assert pd.read_csv(out / "results.csv").shape == df.shape
+    # more memory never fits fewer sequences; longer context never fits more
+    piv = df.pivot_table(index="context", columns="memory_gib", values="max_sequences")
+    assert (piv[80] >= piv[24]).all() and piv.loc[32768, 80] <= piv.loc[8192, 80]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["parameters"]["model"] == "Qwen2.5-7B-Instruct" and "cores usable" in meta["machine"]
+    assert (out / "capacity.html").stat().st_size > 10_000
+
+
+@pytest.mark.notebook
+def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
+    import papermill as pm
+
+    with pytest.raises(pm.PapermillExecutionError) as err:
+        pm.execute_notebook(str(labs.lab_path("L01_capacity_planning")), str(tmp_path / "bad.ipynb"), cwd=str(labs.LAB_DIR),
+                            parameters={"model": "Llama-9", "output_dir": str(tmp_path)}, progress_bar=False, kernel_name="python3")
+    assert "Unknown model preset 'Llama-9'" in str(err.value)
