@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from kvlab.engine import chat
-from kvlab.timing import timing_table
+from kvlab.timing import request_timing, timing_table
 
 
 def repeat_chat(llm: Any, question: str, repeats: int, max_tokens: int, warmup: int = 1, cold: bool = True) -> tuple[pd.DataFrame, list[Any]]:
@@ -58,3 +58,63 @@ def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: s
         return row, llm
     close_engine(llm)
     return row, None
+
+
+def generate_timed(llm: Any, prompt_ids: list[int], max_tokens: int) -> Any:
+    """One greedy request from token ids with exactly ``max_tokens`` output tokens; returns vLLM's RequestOutput."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)[0]
+
+
+def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeats: int, warmup: int = 1,
+          desc: str = "sweep", **settings: Any) -> pd.DataFrame:
+    """Time prompt lengths × output lengths × repeats, one request at a time, each cold.
+
+    Warm-up first (untimed, every prompt length); every timed request gets a prompt cut from a different place
+    in the text and the prefix cache is emptied before it, so nothing is reused. Repeats are the outer loop, so
+    slow moments of a shared machine spread over all points. ``settings`` become columns of every row.
+    """
+    from tqdm.auto import tqdm
+
+    from kvlab.errors import KVLabError
+    from kvlab.prompts import check_fits, distinct_prompts
+
+    if repeats < 1 or not prompt_lengths or not output_lengths:
+        raise KVLabError("sweep needs at least one prompt length, one output length and repeats ≥ 1.")
+    tok = llm.get_tokenizer()
+    max_len = llm.llm_engine.vllm_config.model_config.max_model_len
+    for p in prompt_lengths:
+        check_fits(p, max(output_lengths), max_len)
+    prompts = {p: distinct_prompts(tok, p, repeats + warmup, seed=p) for p in prompt_lengths}
+    for p in prompt_lengths:
+        for w in range(warmup):
+            generate_timed(llm, prompts[p][repeats + w], min(output_lengths))
+    rows = []
+    with tqdm(total=repeats * len(prompt_lengths) * len(output_lengths), desc=desc, unit="req") as bar:
+        for r in range(repeats):
+            for p in prompt_lengths:
+                for n in output_lengths:
+                    llm.reset_prefix_cache()
+                    out = generate_timed(llm, prompts[p][r], n)
+                    rows.append(request_timing(out) | {"repeat": r} | settings)
+                    bar.update()
+    return pd.DataFrame(rows)
+
+
+def crossover(medians: pd.DataFrame, output_tokens: int) -> float | None:
+    """Prompt length where prefill time equals decode time for ``output_tokens`` tokens (interpolated), or None.
+
+    ``medians`` has one row per prompt length with median ``prefill_s`` and ``tpot_s``.
+    """
+    m = medians.sort_values("prompt_tokens")
+    diff = (m.prefill_s - (output_tokens - 1) * m.tpot_s).to_list()
+    p = m.prompt_tokens.to_list()
+    for i in range(len(p) - 1):
+        if diff[i] == 0:
+            return float(p[i])
+        if diff[i] < 0 < diff[i + 1]:
+            return float(p[i] + (p[i + 1] - p[i]) * (-diff[i]) / (diff[i + 1] - diff[i]))
+    return None

@@ -75,3 +75,12 @@ def validate(lab: str, given: dict[str, Any]) -> dict[str, Any]:
 def output_dir(lab: str, given: str = "") -> Path:
     """Where a lab writes: the given folder, or ``<build>/labs/<lab>``."""
     return Path(given).expanduser().resolve() if given else config.build_dir() / "labs" / Path(lab).stem
+
+
+def require_positive(lab: str, **values: Any) -> None:
+    """Refuse zero or negative numbers (or lists containing them), naming the lab and the parameter."""
+    for key, value in values.items():
+        items = value if isinstance(value, list) else [value]
+        bad = [v for v in items if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0]
+        if bad:
+            raise KVLabError(f"Lab {Path(lab).stem}: parameter {key} must be positive, got {bad[0]!r}.")

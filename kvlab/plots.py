@@ -61,22 +61,32 @@ def bytes_per_token_bar(table: pd.DataFrame, dtype: str) -> go.Figure:
     colors = {"MHA": "#e4572e", "GQA": "#4c8bf5", "MQA": "#2ca02c", "MLA": "#9467bd"}
     for att, part in table.groupby("attention", sort=False):
         fig.add_bar(x=part.model, y=part.kv_bytes_per_token / 1024, name=att, marker_color=colors.get(att))
+    fig.update_xaxes(categoryorder="array", categoryarray=list(table.model))
     fig.update_layout(title=f"KV cache per token ({dtype}), all layers, K and V", yaxis_title="KiB per token",
                       xaxis_title="model", legend_title="attention", height=420)
     return fig
 
 
 def sequences_that_fit(grid: pd.DataFrame) -> go.Figure:
-    """Concurrent full-context sequences per model, context and card (log scale); grey = beyond the model's context."""
-    import plotly.express as px
+    """Concurrent full-context sequences per model, context and card (log scale); hatched = beyond the model's context."""
+    from plotly.subplots import make_subplots
 
-    df = grid.assign(context=grid.context.map(lambda c: f"{c // 1024}k"), card=grid.memory_gib.map(lambda m: f"{m:.0f} GiB card"),
-                     sequences=grid.max_sequences.clip(lower=0.5))
-    fig = px.bar(df, x="model", y="sequences", color="context", barmode="group", facet_row="card", log_y=True,
-                 pattern_shape="beyond_model_context", pattern_shape_map={True: "/", False: ""},
-                 title="Sequences that fit at once (KV budget = 90 % of memory − bf16 weights); hatched: beyond the model's own context",
-                 labels={"sequences": "sequences (log)"}, height=640)
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    cards = sorted(grid.memory_gib.unique())
+    models = list(dict.fromkeys(grid.model))
+    fig = make_subplots(rows=len(cards), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[f"{m:g} GiB card" for m in cards])
+    colors = ["#4c8bf5", "#e4572e", "#2ca02c", "#9467bd", "#8c564b"]
+    for row, mem in enumerate(cards, start=1):
+        for i, ctx in enumerate(sorted(grid.context.unique())):
+            part = grid[(grid.memory_gib == mem) & (grid.context == ctx)].set_index("model").loc[models]
+            fig.add_bar(x=models, y=part.max_sequences.clip(lower=0.5), name=f"{ctx // 1024}k tokens", legendgroup=str(ctx),
+                        showlegend=row == 1, marker_color=colors[i % len(colors)],
+                        marker_pattern_shape=["/" if b else "" for b in part.beyond_model_context],
+                        text=[str(v) if v else "0" for v in part.max_sequences], textposition="outside", textfont_size=9,
+                        hovertemplate="%{x}: %{text} sequences<extra>" + f"{ctx:,} tokens" + "</extra>", row=row, col=1)
+        fig.update_yaxes(type="log", dtick=1, title_text="sequences (log)", row=row, col=1)
+    fig.update_layout(barmode="group", height=300 * len(cards) + 120, legend_title="context",
+                      title="Sequences that fit at once (KV = 90 % of memory − bf16 weights); hatched: beyond the model's own context")
     return fig
 
 
@@ -89,4 +99,60 @@ def capacity_lines(results: pd.DataFrame) -> go.Figure:
     fig.update_layout(title=f"{model}: concurrent full-context sequences that fit ({results.kv_dtype.iloc[0]} KV)",
                       xaxis_title="context length (tokens)", yaxis_title="sequences (log)", xaxis_type="log", yaxis_type="log",
                       legend_title="card memory", height=420)
+    return fig
+
+
+def metric_vs_prompt(summary: pd.DataFrame, metric: str, bound: str | None, title: str, ylabel: str, log_y: bool = False) -> go.Figure:
+    """Median of ``metric`` vs prompt length with a p50–p95 band, and its lower bound as a dashed line (ms)."""
+    s = summary.sort_values("prompt_tokens")
+    x = s.prompt_tokens
+    fig = go.Figure()
+    fig.add_scatter(x=x, y=s[f"{metric}_p95"] * 1e3, mode="lines", line_width=0, showlegend=False, hoverinfo="skip")
+    fig.add_scatter(x=x, y=s[f"{metric}_p50"] * 1e3, mode="lines+markers", name="median (band: up to p95)",
+                    fill="tonexty", fillcolor="rgba(76,139,245,0.25)", line_color="#4c8bf5")
+    if bound:
+        fig.add_scatter(x=x, y=s[bound] * 1e3, mode="lines", name="lower bound (machine limit)", line_dash="dash", line_color="black")
+    fig.update_layout(title=title, xaxis_title="prompt length (tokens, log)", yaxis_title=ylabel, xaxis_type="log",
+                      yaxis_type="log" if log_y else "linear", height=400)
+    return fig
+
+
+def phase_split(df: pd.DataFrame) -> go.Figure:
+    """Stacked bars of median prefill and decode time per (prompt length, output length), dominant phase annotated."""
+    m = df.groupby(["prompt_tokens", "output_tokens"], as_index=False)[["prefill_s", "decode_s"]].median()
+    labels = [f"{p:,} in / {n} out" for p, n in zip(m.prompt_tokens, m.output_tokens, strict=True)]
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=m.prefill_s, name="prefill", marker_color=PHASE_COLORS["prefill"])
+    fig.add_bar(x=labels, y=m.decode_s, name="decode", marker_color=PHASE_COLORS["decode"])
+    for label, pre, dec in zip(labels, m.prefill_s, m.decode_s, strict=True):
+        top = "prefill" if pre > dec else "decode"
+        fig.add_annotation(x=label, y=pre + dec, text=f"{top} {max(pre, dec) / (pre + dec):.0%}", showarrow=False, yshift=10)
+    fig.update_layout(barmode="stack", title="Where a request's time goes: prefill vs decode (medians)",
+                      yaxis_title="seconds", xaxis_title="prompt tokens / output tokens", height=420, legend_title="phase")
+    return fig
+
+
+def crossover_plot(medians: pd.DataFrame, outputs: list[int], crossings: dict[int, float | None]) -> go.Figure:
+    """Prefill time vs prompt length against decode time for N output tokens; crossovers marked."""
+    m = medians.sort_values("prompt_tokens")
+    fig = go.Figure()
+    fig.add_scatter(x=m.prompt_tokens, y=m.prefill_s, mode="lines+markers", name="prefill (measured)", line_color=PHASE_COLORS["prefill"])
+    for n in outputs:
+        fig.add_scatter(x=m.prompt_tokens, y=(n - 1) * m.tpot_s, mode="lines", name=f"decode of {n} tokens", line_dash="dot")
+        if crossings.get(n):
+            fig.add_vline(x=crossings[n], line_dash="dash", line_color="grey",
+                          annotation_text=f"{n} out: crossover ≈ {crossings[n]:,.0f} tokens", annotation_position="top left")
+    fig.update_layout(title="When does prefill outweigh decode?", xaxis_title="prompt length (tokens, log)", xaxis_type="log",
+                      yaxis_title="seconds", yaxis_type="log", height=420)
+    return fig
+
+
+def itl_scatter(streams: pd.DataFrame) -> go.Figure:
+    """Every inter-token gap of each streamed request, by token position (ms)."""
+    fig = go.Figure()
+    for _, row in streams.iterrows():
+        gaps = [g * 1e3 for g in row.itl_s]
+        fig.add_scatter(x=list(range(2, len(gaps) + 2)), y=gaps, mode="markers", name=f"{row.prompt_tokens:,}-token prompt")
+    fig.update_layout(title="Inter-token latency (ITL): every gap in the stream", xaxis_title="output token #",
+                      yaxis_title="gap since previous token (ms)", height=380)
     return fig

@@ -8,6 +8,12 @@ Definitions (the names vLLM's benchmarks use):
 - **decode time**: first output token → last output token.
 - **TPOT** (time per output token): decode time ÷ (output tokens − 1); the first token belongs to TTFT.
 - **E2E latency**: arrival → last token = TTFT + decode time.
+- **ITL** (inter-token latency): every gap between two consecutive output tokens, as seen by whoever reads the
+  stream; its mean is TPOT, its tail (p95, max) shows stalls that a mean hides. Needs token-by-token timing
+  (``stream_timing``).
+
+Other tools use the same words for different things (see ``NAMES_ACROSS_TOOLS``): GenAI-Perf/AIPerf and
+GuideLLM call vLLM's TPOT "inter-token latency"; GuideLLM's and LLMPerf's per-token figures include the first token.
 
 vLLM's engine clock (``queued_ts`` … ``last_token_ts``) is monotonic; ``arrival_time`` is wall-clock,
 so the two are never subtracted from each other here.
@@ -23,6 +29,20 @@ import pandas as pd
 
 #: Phase names, in order, for tables and plots.
 PHASES = ("queue", "prefill", "decode")
+
+#: How benchmark tools name these metrics (as each documents it; check the version you use).
+NAMES_ACROSS_TOOLS = [
+    {"KV Lab / vLLM bench": "TTFT", "GenAI-Perf / AIPerf": "time_to_first_token", "GuideLLM": "time_to_first_token",
+     "LLMPerf": "ttft_s", "meaning": "arrival → first output token"},
+    {"KV Lab / vLLM bench": "TPOT", "GenAI-Perf / AIPerf": "inter_token_latency", "GuideLLM": "inter_token_latency",
+     "LLMPerf": "—", "meaning": "(E2E − TTFT) ÷ (output tokens − 1), per request"},
+    {"KV Lab / vLLM bench": "ITL", "GenAI-Perf / AIPerf": "— (per-chunk gaps not reported as ITL)", "GuideLLM": "—",
+     "LLMPerf": "—", "meaning": "each gap between consecutive tokens (a distribution, not one number per request)"},
+    {"KV Lab / vLLM bench": "—", "GenAI-Perf / AIPerf": "—", "GuideLLM": "time_per_output_token",
+     "LLMPerf": "inter_token_latency_s", "meaning": "E2E ÷ output tokens: the first token's wait included"},
+    {"KV Lab / vLLM bench": "E2E latency (E2EL)", "GenAI-Perf / AIPerf": "request_latency", "GuideLLM": "request_latency",
+     "LLMPerf": "end_to_end_latency_s", "meaning": "arrival → last output token"},
+]
 
 
 def _metrics(out: Any) -> Any:
@@ -96,3 +116,46 @@ def summarize(df: pd.DataFrame, columns: Iterable[str] = ("ttft_s", "tpot_s", "e
     if not by:
         return _one(df).to_frame().T
     return df.groupby(by).apply(_one, include_groups=False).reset_index()
+
+
+def stream_timing(llm: Any, prompt_token_ids: list[int], max_tokens: int) -> dict[str, Any]:
+    """Drive one request token by token in-process and time each token as the caller receives it.
+
+    This is the client-side timing shape: TTFT = first event − submit; TPOT over the rest of the stream;
+    ITL = every gap. The engine's own timestamps for the same request come back alongside (``engine_*``).
+    """
+    import time
+    import uuid
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    engine = llm.llm_engine
+    rid = f"stream-{uuid.uuid4().hex[:8]}"
+    stamps: list[float] = []
+    final = None
+    submit = time.perf_counter()
+    engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt_token_ids)), params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id != rid:
+                continue
+            now = time.perf_counter()
+            stamps.extend([now] * len(out.outputs[0].token_ids))
+            if out.finished:
+                final = out
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    row = {
+        "prompt_tokens": len(prompt_token_ids),
+        "output_tokens": len(stamps),
+        "client_ttft_s": stamps[0] - submit,
+        "client_tpot_s": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan"),
+        "client_e2e_s": stamps[-1] - submit,
+        "itl_s": gaps,
+    }
+    if final is not None and getattr(final, "metrics", None) is not None:
+        engine_row = request_timing(final)
+        row |= {f"engine_{k}": engine_row[k] for k in ("ttft_s", "tpot_s", "e2e_s", "prefill_s", "decode_s")}
+    return row

@@ -54,3 +54,26 @@ def test_unknown_hub_model_is_one_sentence(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(kvlab.KVLabError, match=r"Could not find model 'kvlab-test/no-such-model'.*KVLAB_MODEL"):
         kvlab.make_engine("kvlab-test/no-such-model", enforce_eager=True)
+
+
+def test_stream_timing_matches_engine_and_gives_every_gap(engine):
+    from kvlab import prompts
+
+    ids = prompts.prompt_of_length(engine.get_tokenizer(), 200)
+    row = timing.stream_timing(engine, ids, 6)
+    assert row["prompt_tokens"] == 200 and row["output_tokens"] == 6 and len(row["itl_s"]) == 5
+    assert all(g > 0 for g in row["itl_s"])
+    assert abs(row["client_ttft_s"] - row["engine_ttft_s"]) < 0.1
+    assert row["client_tpot_s"] == pytest.approx(row["engine_tpot_s"], rel=0.25)
+
+
+def test_sweep_rows_are_cold_and_tidy(engine):
+    df = kvlab.experiments.sweep(engine, [64, 256], [4], repeats=2, warmup=1, desc="test", dtype="float32")
+    assert len(df) == 4 and set(df.prompt_tokens) == {64, 256} and (df.output_tokens == 4).all()
+    assert (df.cached_tokens == 0).all() and (df.dtype == "float32").all()
+    assert set(df.repeat) == {0, 1}
+
+
+def test_too_long_prompt_is_refused_before_running(engine):
+    with pytest.raises(kvlab.KVLabError, match="exceeds the engine's context"):
+        kvlab.experiments.sweep(engine, [8190], [10], repeats=1)

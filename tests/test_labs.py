@@ -65,3 +65,27 @@ def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
         pm.execute_notebook(str(labs.lab_path("L01_capacity_planning")), str(tmp_path / "bad.ipynb"), cwd=str(labs.LAB_DIR),
                             parameters={"model": "Llama-9", "output_dir": str(tmp_path)}, progress_bar=False, kernel_name="python3")
     assert "Unknown model preset 'Llama-9'" in str(err.value)
+
+
+@pytest.mark.notebook
+def test_lab_l02_runs_headless_in_quick_mode(tmp_path, monkeypatch):
+    import papermill as pm
+
+    monkeypatch.setenv("KVLAB_QUICK", "1")
+    out = tmp_path / "out"
+    pm.execute_notebook(str(labs.lab_path("L02_ttft_tpot_sweep")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters={"prompt_lengths": [64, 512, 1024], "output_lengths": [4, 8], "repeats": 3, "output_dir": str(out)},
+                        progress_bar=False, kernel_name="python3")
+    df = pd.read_parquet(out / "results.parquet")
+    assert set(df.prompt_tokens) == {64, 512} and set(df.output_tokens) == {4} and len(df) == 4  # quick mode shrank the sweep
+    assert {"ttft_s", "tpot_s", "ttft_bound_s", "tpot_over_bound", "dtype", "enforce_eager"} <= set(df.columns)
+    med = df.groupby("prompt_tokens").ttft_s.median()
+    assert med[512] > med[64]  # longer prompts take longer to the first token
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["engine"]["limits"]["matmul_flops"] > 0 and meta["parameters"]["repeats"] == 3
+    assert (out / "summary.csv").exists() and (out / "ttft_tpot.html").exists()
+
+
+def test_lab_l02_refuses_zero_repeats():
+    with pytest.raises(KVLabError, match="Lab L02_ttft_tpot_sweep: parameter repeats must be positive, got 0"):
+        labs.require_positive("L02_ttft_tpot_sweep", repeats=0)

@@ -34,6 +34,8 @@ env = kvlab.print_env()
 params = kvlab.labs.validate("L01_capacity_planning", dict(
     model=model, memory_gib=memory_gib, utilization=utilization, context_lengths=context_lengths, kv_dtype=kv_dtype,
     weight_dtype=weight_dtype, block_size=block_size, target_sequences=target_sequences, output_dir=output_dir))
+kvlab.labs.require_positive("L01_capacity_planning", memory_gib=memory_gib, utilization=utilization,
+                            context_lengths=context_lengths, block_size=block_size, target_sequences=target_sequences)
 """),
 ("md", """
 ## Plan every card × context
