@@ -84,3 +84,10 @@ def require_positive(lab: str, **values: Any) -> None:
         bad = [v for v in items if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0]
         if bad:
             raise KVLabError(f"Lab {Path(lab).stem}: parameter {key} must be positive, got {bad[0]!r}.")
+
+
+def require_fraction(lab: str, **values: Any) -> None:
+    """Refuse fractions outside [0, 1], naming the lab and the parameter."""
+    for key, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+            raise KVLabError(f"Lab {Path(lab).stem}: parameter {key} must be a fraction between 0 and 1, got {value!r}.")

@@ -89,3 +89,24 @@ def test_lab_l02_runs_headless_in_quick_mode(tmp_path, monkeypatch):
 def test_lab_l02_refuses_zero_repeats():
     with pytest.raises(KVLabError, match="Lab L02_ttft_tpot_sweep: parameter repeats must be positive, got 0"):
         labs.require_positive("L02_ttft_tpot_sweep", repeats=0)
+
+
+@pytest.mark.notebook
+def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path):
+    import papermill as pm
+
+    out = tmp_path / "out"
+    pm.execute_notebook(str(labs.lab_path("L03_prefix_cache_delta")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters={"prefix_tokens": 512, "suffix_tokens": 32, "requests": 4, "shared_fraction": 0.75, "output_dir": str(out)},
+                        progress_bar=False, kernel_name="python3")
+    df = pd.read_parquet(out / "results.parquet")
+    summary = pd.read_csv(out / "summary.csv").set_index("caching")
+    assert set(df.caching) == {"on", "off"} and len(df) == 8
+    assert summary.token_hit_rate["off"] == 0 and summary.token_hit_rate["on"] > 0
+    assert (df[(df.caching == "on") & (df.label == "unique")].cached_tokens == 0).all()
+    assert "ttft_p50_delta_ms" in summary.columns
+
+
+def test_lab_l03_refuses_a_fraction_above_one():
+    with pytest.raises(KVLabError, match="Lab L03_prefix_cache_delta: parameter shared_fraction must be a fraction between 0 and 1, got 1.5"):
+        labs.require_fraction("L03_prefix_cache_delta", shared_fraction=1.5)

@@ -1,0 +1,223 @@
+"""Prefix caching: a realistic static prefix, prompt variants, the engine's hit counters, and a response cache.
+
+vLLM's prefix cache keys whole KV blocks by the *token ids* they hold (and everything before them). A request
+reuses the longest run of full blocks it shares, token for token, with something already cached; the rest of its
+prompt is prefilled as usual (``num_cached_tokens`` says how many tokens were reused). Same meaning in other words
+is a different key; so is the same text after a one-character change earlier in the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pandas as pd
+
+from kvlab.config import REPO_ROOT
+
+PREFIX_DIR = REPO_ROOT / "data" / "prefix"
+VERSION_TAG = "Policy version: 2026-11-01."
+
+
+def static_prefix(n_tools: int | None = None) -> str:
+    """The static part of every prompt: the system prompt plus the tool schemas (``n_tools`` of them; all if None)."""
+    system = (PREFIX_DIR / "system_prompt.md").read_text(encoding="utf-8").strip()
+    tools = json.loads((PREFIX_DIR / "tools.json").read_text())["tools"][:n_tools]
+    return f"{system}\n\n# Tools\n{json.dumps(tools)}"
+
+
+def user_turns() -> list[str]:
+    """Distinct user questions that follow the static prefix."""
+    return json.loads((PREFIX_DIR / "user_turns.json").read_text())["turns"]
+
+
+def chat_ids(tokenizer: Any, system: str, user: str) -> list[int]:
+    """Token ids of a chat prompt (system + user, generation prompt added) in the model's own chat template."""
+    ids = tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                       add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Number of leading tokens two prompts share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def variants(system: str) -> dict[str, str]:
+    """The token-identity experiments: the system prompt edited in ways that do or don't keep the cache."""
+    first, rest = system.split(". ", 1)
+    return {
+        "identical": system,
+        "one character changed at the start": system[0].swapcase() + system[1:],
+        "one character changed at the end": system[:-1] + ("]" if system[-1] != "]" else "}"),
+        "first sentence paraphrased": "Aria is the support assistant for Northwind Rail, a regional railway company. " + rest,
+        "version string first (bumped)": VERSION_TAG.replace("11-01", "11-29") + "\n" + system,
+        "version string last (bumped)": system + "\n" + VERSION_TAG.replace("11-01", "11-29"),
+    }
+
+
+def prefix_counters(llm: Any) -> dict[str, int]:
+    """The engine's own prefix-cache counters so far: tokens queried and tokens hit (for deltas)."""
+    values = {"queries": 0, "hits": 0}
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:prefix_cache_queries":
+            values["queries"] += int(metric.value)
+        elif metric.name == "vllm:prefix_cache_hits":
+            values["hits"] += int(metric.value)
+    return values
+
+
+def timed_requests(llm: Any, prompts: list[list[int]], labels: list[str] | None = None, max_tokens: int = 4,
+                   cold: bool = False) -> pd.DataFrame:
+    """Send prompts one at a time; TTFT and cached tokens per request. ``cold`` empties the cache before each."""
+    from kvlab.experiments import generate_timed
+    from kvlab.timing import request_timing
+
+    rows = []
+    for i, ids in enumerate(prompts):
+        if cold:
+            llm.reset_prefix_cache()
+        row = request_timing(generate_timed(llm, ids, max_tokens))
+        rows.append(row | {"label": labels[i] if labels else str(i), "cold": cold})
+    return pd.DataFrame(rows)
+
+
+class ResponseCache:
+    """An application-level exact-match cache in front of the engine: a hit skips the model entirely.
+
+    Keyed by the full prompt token ids and the output length; contrast with the prefix cache, which still
+    runs the model but skips prefilling the tokens it already holds.
+    """
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.store: dict[tuple[tuple[int, ...], int], str] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def ask(self, prompt_ids: list[int], max_tokens: int = 4) -> dict[str, Any]:
+        """Answer from the dictionary if this exact prompt was seen, else from the engine; time to the answer."""
+        from kvlab.experiments import generate_timed
+
+        key = (tuple(prompt_ids), max_tokens)
+        start = time.perf_counter()
+        if key in self.store:
+            self.hits += 1
+            text, cached, source = self.store[key], len(prompt_ids), "response cache"
+        else:
+            self.misses += 1
+            out = generate_timed(self.llm, prompt_ids, max_tokens)
+            text, cached, source = out.outputs[0].text, int(out.num_cached_tokens or 0), "engine"
+            self.store[key] = text
+        return {"source": source, "time_to_answer_s": time.perf_counter() - start, "engine_cached_tokens": cached if source == "engine" else None,
+                "prompt_tokens": len(prompt_ids)}
+
+
+# ---- experiments (used by lesson 03 and lab L03) ---------------------------------------------------------
+
+
+def cold_vs_warm(llm: Any, system: str, turns: list[str], max_tokens: int = 4) -> pd.DataFrame:
+    """Each user turn after the shared prefix, first with the cache emptied (cold), then with the prefix cached (warm)."""
+    tok = llm.get_tokenizer()
+    prompts = [chat_ids(tok, system, t) for t in turns]
+    cold = timed_requests(llm, prompts, turns, max_tokens, cold=True)
+    llm.reset_prefix_cache()
+    timed_requests(llm, [chat_ids(tok, system, "Hello.")], max_tokens=max_tokens)  # one earlier request caches the prefix
+    warm = timed_requests(llm, prompts, turns, max_tokens, cold=False)
+    return pd.concat([cold.assign(cache="cold"), warm.assign(cache="warm")], ignore_index=True)
+
+
+def prefix_length_sweep(llm: Any, prefix_lengths: list[int], suffix_tokens: int, repeats: int, max_tokens: int = 4) -> pd.DataFrame:
+    """Shared prefix of each length + a unique suffix: cold and warm TTFT, and how many tokens were reused."""
+    from kvlab.prompts import distinct_prompts, prompt_of_length
+
+    tok = llm.get_tokenizer()
+    rows = []
+    for length in prefix_lengths:
+        prefix = prompt_of_length(tok, length, offset=0)
+        suffixes = distinct_prompts(tok, suffix_tokens, 2 * repeats + 1, seed=length)
+        for r in range(repeats):
+            cold = timed_requests(llm, [prefix + suffixes[2 * r]], max_tokens=max_tokens, cold=True)
+            warm = timed_requests(llm, [prefix + suffixes[2 * r + 1]], max_tokens=max_tokens)  # the cold run cached the prefix
+            rows += [cold.assign(cache="cold"), warm.assign(cache="warm")]
+    df = pd.concat(rows, ignore_index=True)
+    df["prefix_tokens"] = df.prompt_tokens - suffix_tokens
+    return df
+
+
+def identity_experiment(llm: Any, system: str, turn: str, max_tokens: int = 4) -> pd.DataFrame:
+    """Cache the original prefix once, then send each variant of it: what the prefix cache still recognises."""
+    tok = llm.get_tokenizer()
+    llm.reset_prefix_cache()
+    original = chat_ids(tok, system, turn)
+    timed_requests(llm, [chat_ids(tok, system, "Hello.")], max_tokens=max_tokens)  # caches the original prefix
+    rows = []
+    for name, text in variants(system).items():
+        ids = chat_ids(tok, text, turn)
+        row = timed_requests(llm, [ids], [name], max_tokens).iloc[0].to_dict()
+        rows.append(row | {"tokens shared with original": common_prefix(ids, original)})
+    return pd.DataFrame(rows)
+
+
+def _traffic_kinds(requests: int, shared_fraction: float, rng: Any) -> list[str]:
+    kinds = ["shared prefix"] * round(requests * shared_fraction)
+    kinds += ["unique"] * (requests - len(kinds))
+    rng.shuffle(kinds)
+    return kinds
+
+
+def mixed_traffic(llm: Any, system: str, turns: list[str], requests: int, shared_fraction: float, seed: int = 0,
+                  caching: bool = True, max_tokens: int = 4) -> tuple[pd.DataFrame, dict[str, float]]:
+    """A stream of requests, ``shared_fraction`` of them prefix + user turn, the rest unique prompts of the same length.
+
+    ``caching=False`` empties the cache before every request: the same traffic as if prefix caching were off.
+    Returns per-request rows and the engine's own counter deltas (token hit rate).
+    """
+    import random
+
+    from kvlab.prompts import distinct_prompts
+
+    tok = llm.get_tokenizer()
+    rng = random.Random(seed)
+    kinds = _traffic_kinds(requests, shared_fraction, rng)
+    length = len(chat_ids(tok, system, turns[0]))
+    uniques = iter(distinct_prompts(tok, length, kinds.count("unique"), seed=seed + 17))
+    prompts = [chat_ids(tok, system, rng.choice(turns)) if k == "shared prefix" else next(uniques) for k in kinds]
+    return _run_traffic(llm, prompts, kinds, caching, max_tokens)
+
+
+def token_traffic(llm: Any, prefix_tokens: int, suffix_tokens: int, requests: int, shared_fraction: float, seed: int = 0,
+                  caching: bool = True, max_tokens: int = 4) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Like ``mixed_traffic`` with token-exact prompts from real text: a shared prefix + unique suffixes, or unique."""
+    import random
+
+    from kvlab.prompts import distinct_prompts, prompt_of_length
+
+    tok = llm.get_tokenizer()
+    kinds = _traffic_kinds(requests, shared_fraction, random.Random(seed))
+    prefix = prompt_of_length(tok, prefix_tokens, offset=0)
+    suffixes = iter(distinct_prompts(tok, suffix_tokens, requests, seed=seed + 1))
+    uniques = iter(distinct_prompts(tok, prefix_tokens + suffix_tokens, requests, seed=seed + 17))
+    prompts = [prefix + next(suffixes) if k == "shared prefix" else next(uniques) for k in kinds]
+    return _run_traffic(llm, prompts, kinds, caching, max_tokens)
+
+
+def _run_traffic(llm: Any, prompts: list[list[int]], kinds: list[str], caching: bool, max_tokens: int) -> tuple[pd.DataFrame, dict[str, float]]:
+    from kvlab.prompts import check_fits
+
+    for ids in prompts:
+        check_fits(len(ids), max_tokens, llm.llm_engine.vllm_config.model_config.max_model_len)
+    llm.reset_prefix_cache()
+    before = prefix_counters(llm)
+    df = timed_requests(llm, prompts, kinds, max_tokens, cold=not caching)
+    after = prefix_counters(llm)
+    queries = after["queries"] - before["queries"]
+    hits = after["hits"] - before["hits"]
+    return df.assign(caching="on" if caching else "off"), {"queried_tokens": queries, "hit_tokens": hits,
+                                                           "token_hit_rate": hits / queries if queries else 0.0}
