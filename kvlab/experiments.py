@@ -118,3 +118,51 @@ def crossover(medians: pd.DataFrame, output_tokens: int) -> float | None:
         if diff[i] < 0 < diff[i + 1]:
             return float(p[i] + (p[i + 1] - p[i]) * (-diff[i]) / (diff[i + 1] - diff[i]))
     return None
+
+
+def batch_sweep(llm: Any, batch_sizes: list[int], prompt_tokens: int, output_tokens: int, repeats: int) -> pd.DataFrame:
+    """Offline batches: B distinct prompts submitted together, each B ``repeats`` times (after one warm-up batch).
+
+    One row per request (engine timestamps) with ``batch_size``, ``repeat`` and the batch's wall time.
+    """
+    import time
+
+    from tqdm.auto import tqdm
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from kvlab.prompts import distinct_prompts
+
+    tok = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
+    pool = distinct_prompts(tok, prompt_tokens, max(batch_sizes) * (repeats + 1), seed=11)
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in pool[: min(batch_sizes)]], params, use_tqdm=False)  # warm-up
+    rows = []
+    with tqdm(total=len(batch_sizes) * repeats, desc="batches", unit="batch") as bar:
+        for r in range(repeats):
+            for b in batch_sizes:
+                llm.reset_prefix_cache()
+                prompts = [TokensPrompt(prompt_token_ids=p) for p in pool[r * max(batch_sizes): r * max(batch_sizes) + b]]
+                start = time.perf_counter()
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                wall = time.perf_counter() - start
+                rows += [request_timing(o) | {"batch_size": b, "repeat": r, "batch_wall_s": wall} for o in outs]
+                bar.update()
+    return pd.DataFrame(rows)
+
+
+def batch_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per batch size: TTFT and TPOT (median, p95) and throughput.
+
+    decode throughput = batch size ÷ median TPOT (tokens per second while all sequences decode together);
+    output throughput = output tokens of the batch ÷ its median wall time (prefill included).
+    """
+    from kvlab.timing import summarize
+
+    s = summarize(df, ["ttft_s", "tpot_s"], by=["batch_size"])
+    per_batch = df.groupby(["batch_size", "repeat"]).agg(tokens=("output_tokens", "sum"), wall=("batch_wall_s", "first")).reset_index()
+    wall = per_batch.groupby("batch_size").agg(tokens=("tokens", "median"), wall=("wall", "median"))
+    s["decode_tok_s"] = s.batch_size / s.tpot_s_p50
+    s["output_tok_s"] = s.batch_size.map(wall.tokens / wall.wall)
+    s["preemptions"] = s.batch_size.map(df.groupby("batch_size").preemptions.sum())
+    return s

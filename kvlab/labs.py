@@ -68,6 +68,8 @@ def validate(lab: str, given: dict[str, Any]) -> dict[str, Any]:
         default = spec[key]["default"]
         if not _type_ok(value, default):
             want = f"a non-empty list like {default!r}" if isinstance(default, list) else f"a {type(default).__name__} like {default!r}"
+            if isinstance(value, str) and not isinstance(default, str):
+                want += f" (on papermill's command line pass it as YAML: -y \"{key}: {default!r}\")"
             raise KVLabError(f"Lab {name}: parameter {key}={value!r} should be {want}.")
     return {k: v["default"] for k, v in spec.items()} | given
 

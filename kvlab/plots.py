@@ -156,3 +156,27 @@ def itl_scatter(streams: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Inter-token latency (ITL): every gap in the stream", xaxis_title="output token #",
                       yaxis_title="gap since previous token (ms)", height=380)
     return fig
+
+
+def token_timeline(tokens: pd.DataFrame, requests: pd.DataFrame, title: str) -> go.Figure:
+    """Every token of every request over time; the long prompt's arrival and first token marked."""
+    fig = go.Figure()
+    for label, part in tokens.groupby("label", sort=False):
+        fig.add_scatter(x=part.t_s, y=part.token, mode="lines+markers", marker_size=3, name=label,
+                        line_color="black" if label == "long prompt" else None)
+    for _, r in requests[requests.label == "long prompt"].iterrows():
+        fig.add_vrect(x0=r.submitted_s, x1=r.first_token_s, fillcolor=PHASE_COLORS["prefill"], opacity=0.15, line_width=0,
+                      annotation_text="long prompt's prefill", annotation_position="top left")
+    fig.update_layout(title=title, xaxis_title="time since start (s)", yaxis_title="tokens received", height=400)
+    return fig
+
+
+def tradeoff(summary: pd.DataFrame) -> go.Figure:
+    """Each configuration as a point: the long prompt's TTFT against the decoders' worst gaps during it."""
+    fig = go.Figure()
+    fig.add_scatter(x=summary.long_ttft_ms / 1e3, y=summary.decoder_itl_p95_ms, mode="markers+text", text=summary.config,
+                    textposition="top center", name="p95 gap", marker_size=10)
+    fig.add_scatter(x=summary.long_ttft_ms / 1e3, y=summary.decoder_itl_max_ms, mode="markers", name="max gap", marker_symbol="x")
+    fig.update_layout(title="Chunked prefill's trade-off: the long prompt waits longer, the decoders stall less",
+                      xaxis_title="long prompt's TTFT (s)", yaxis_title="decoders' inter-token gap during it (ms)", yaxis_type="log", height=440)
+    return fig

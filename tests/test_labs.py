@@ -110,3 +110,30 @@ def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path):
 def test_lab_l03_refuses_a_fraction_above_one():
     with pytest.raises(KVLabError, match="Lab L03_prefix_cache_delta: parameter shared_fraction must be a fraction between 0 and 1, got 1.5"):
         labs.require_fraction("L03_prefix_cache_delta", shared_fraction=1.5)
+
+
+@pytest.mark.notebook
+def test_lab_l04_compares_chunked_prefill_configs(tmp_path):
+    import papermill as pm
+
+    out = tmp_path / "out"
+    pm.execute_notebook(str(labs.lab_path("L04_chunked_prefill")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters={"decoders": 2, "decoder_output_tokens": 24, "long_prompt_tokens": 1024, "long_arrival_s": 0.3,
+                                    "budgets": [128], "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
+    df = pd.read_parquet(out / "results.parquet").set_index("config")
+    assert list(df.index) == ["chunked off", "chunks of 128"]
+    assert df.decoder_itl_max_ms["chunks of 128"] < df.decoder_itl_max_ms["chunked off"]
+    assert (out / "tokens.parquet").exists() and (out / "tradeoff.html").exists()
+
+
+@pytest.mark.notebook
+def test_lab_l05_batch_sweep(tmp_path):
+    import papermill as pm
+
+    out = tmp_path / "out"
+    pm.execute_notebook(str(labs.lab_path("L05_batch_sweep")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters={"batch_sizes": [1, 8], "output_tokens": 16, "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
+    s = pd.read_csv(out / "summary.csv").set_index("batch_size")
+    assert s.decode_tok_s[8] > s.decode_tok_s[1]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["engine"]["kv_capacity"]["tokens"] > 0

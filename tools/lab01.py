@@ -12,7 +12,7 @@ How many sequences of a given context length fit on a card, and what is the long
 of concurrent users? Pure arithmetic from the model's `config.json` (lesson 01 proves it against a live engine),
 so this lab runs in seconds for any model, card and dtype.
 
-Run it headless: `papermill labs/L01_capacity_planning.ipynb out.ipynb -p model Qwen2.5-7B-Instruct -p memory_gib "[24, 80]"`.
+Run it headless: `papermill labs/L01_capacity_planning.ipynb out.ipynb -p model Qwen2.5-7B-Instruct -y "memory_gib: [24, 80]"`.
 Results: `results.csv`, `results.parquet`, `metadata.json` and `capacity.html` in `output_dir`.
 """),
 ("params", """

@@ -11,7 +11,7 @@ CELLS = [
 Prompt lengths × output lengths × repeats on one engine, each request cold (prefix caching off), warm-up first.
 Every request is set against this machine's limits (matmul FLOP/s for prefill, memory bandwidth for decode).
 
-Headless: `papermill labs/L02_ttft_tpot_sweep.ipynb out.ipynb --cwd labs -p prompt_lengths "[256, 2048]" -p enforce_eager False`.
+Headless: `papermill labs/L02_ttft_tpot_sweep.ipynb out.ipynb --cwd labs -y "prompt_lengths: [256, 2048]" -p enforce_eager False`.
 Writes `results.csv/.parquet` (one row per request), `summary.csv` (medians and p95 per point), `metadata.json`
 (parameters, machine, engine settings, measured limits) and `ttft_tpot.html`. In quick mode (`KVLAB_QUICK=1`) it
 keeps the first two prompt lengths, the first output length and at most two repeats.

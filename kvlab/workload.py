@@ -1,0 +1,151 @@
+"""Concurrent workloads on one engine: submit requests at chosen moments and record every token's arrival.
+
+The driver runs the engine step by step in this process (like a server's engine loop): before each step it
+admits the requests whose arrival time has come, after each step it timestamps every new token. So the inter-token
+gaps of running decoders can be watched while another request's long prefill runs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass
+class Arrival:
+    """One request of a workload: who it is, its prompt, how many tokens it wants, and when it arrives (s)."""
+
+    label: str
+    prompt_ids: list[int]
+    max_tokens: int
+    at_s: float = 0.0
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+
+
+def run_workload(llm: Any, arrivals: list[Arrival], timeout_s: float = 900.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run the arrivals; return (one row per token with its time, one row per request with TTFT, ITL and engine times).
+
+    TTFT counts from the request's arrival time, not from when the driver could hand it to the engine: like a
+    server's queue, a request that arrives during a long step waits for that step to end, and the user sees that wait.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from kvlab.errors import KVLabError
+    from kvlab.prompts import check_fits
+    from kvlab.timing import request_timing
+
+    engine = llm.llm_engine
+    max_len = engine.vllm_config.model_config.max_model_len
+    for a in arrivals:
+        check_fits(len(a.prompt_ids), a.max_tokens, max_len)
+    pending = sorted(arrivals, key=lambda a: a.at_s)
+    by_id = {a.request_id: a for a in arrivals}
+    submitted: dict[str, float] = {}
+    finals: dict[str, Any] = {}
+    token_rows: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
+    start = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        if now > timeout_s:
+            raise KVLabError(f"The workload ran longer than {timeout_s:.0f} s; use fewer or shorter requests.")
+        while pending and pending[0].at_s <= now:
+            a = pending.pop(0)
+            params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            engine.add_request(a.request_id, TokensPrompt(prompt_token_ids=list(a.prompt_ids)), params)
+            submitted[a.request_id] = time.perf_counter() - start
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, min(0.01, pending[0].at_s - now)) if pending else 0)
+            continue
+        outputs = engine.step()
+        t = time.perf_counter() - start
+        for out in outputs:
+            new = len(out.outputs[0].token_ids)
+            for _ in range(new):
+                counts[out.request_id] = counts.get(out.request_id, 0) + 1
+                token_rows.append({"request_id": out.request_id, "label": by_id[out.request_id].label,
+                                   "token": counts[out.request_id], "t_s": t})
+            if out.finished:
+                finals[out.request_id] = out
+    tokens = pd.DataFrame(token_rows)
+    rows = []
+    for rid, a in by_id.items():
+        times = tokens[tokens.request_id == rid].t_s.to_list()
+        gaps = [b - x for x, b in zip(times, times[1:], strict=False)]
+        row = {"request_id": rid, "label": a.label, "prompt_tokens": len(a.prompt_ids), "output_tokens": len(times),
+               "arrival_s": a.at_s, "submitted_s": submitted[rid], "first_token_s": times[0], "last_token_s": times[-1],
+               "ttft_s": times[0] - a.at_s, "itl_max_s": max(gaps) if gaps else float("nan"), "itl_s": gaps}
+        if rid in finals and getattr(finals[rid], "metrics", None) is not None:
+            eng = request_timing(finals[rid])
+            row |= {"engine_queue_s": eng["queue_s"], "engine_prefill_s": eng["prefill_s"], "preemptions": eng["preemptions"]}
+        rows.append(row)
+    return tokens, pd.DataFrame(rows)
+
+
+def gaps_between(tokens: pd.DataFrame, labels: list[str] | str, start_s: float, end_s: float) -> list[float]:
+    """Inter-token gaps of the given requests whose later token landed in [start_s, end_s] (e.g. during a prefill)."""
+    labels = [labels] if isinstance(labels, str) else labels
+    gaps = []
+    for _, part in tokens[tokens.label.isin(labels)].groupby("request_id"):
+        t = part.sort_values("token").t_s.to_list()
+        gaps += [b - a for a, b in zip(t, t[1:], strict=False) if start_s <= b <= end_s + 1e-9]
+    return gaps
+
+
+def interference_arrivals(tokenizer: Any, decoders: int, decoder_prompt: int, decoder_tokens: int, long_prompt: int,
+                          long_at_s: float) -> list[Arrival]:
+    """``decoders`` short chats streaming from t=0, and one long prompt (a document ingest) arriving at ``long_at_s``."""
+    from kvlab.prompts import distinct_prompts, prompt_of_length
+
+    chats = [Arrival(f"decoder {i + 1}", ids, decoder_tokens, 0.0) for i, ids in enumerate(distinct_prompts(tokenizer, decoder_prompt, decoders, seed=5))]
+    return chats + [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=20_000), 4, long_at_s)]
+
+
+def short_behind_long_arrivals(tokenizer: Any, long_prompt: int, short_prompt: int, short_at_s: float) -> list[Arrival]:
+    """A long prompt at t=0 and a short interactive request just after it."""
+    from kvlab.prompts import prompt_of_length
+
+    return [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=7_000), 4, 0.0),
+            Arrival("short prompt", prompt_of_length(tokenizer, short_prompt, offset=30_000), 8, short_at_s)]
+
+
+def interference_summary(tokens: pd.DataFrame, requests: pd.DataFrame) -> dict[str, float]:
+    """The long prompt's TTFT and the decoders' inter-token gaps while it was being prefilled (ms)."""
+    from kvlab.timing import p95
+
+    long = requests[requests.label == "long prompt"].iloc[0]
+    decoders = [lbl for lbl in requests.label if lbl.startswith("decoder")]
+    during = gaps_between(tokens, decoders, long.arrival_s, long.first_token_s)
+    before = gaps_between(tokens, decoders, 0.0, long.arrival_s)
+    return {"long_ttft_ms": long.ttft_s * 1e3,
+            "decoder_itl_p50_ms": float(pd.Series(during).median() * 1e3) if during else float("nan"),
+            "decoder_itl_p95_ms": p95(during) * 1e3 if during else float("nan"),
+            "decoder_itl_max_ms": max(during) * 1e3 if during else float("nan"),
+            "decoder_itl_before_p50_ms": float(pd.Series(before).median() * 1e3) if before else float("nan")}
+
+
+def poisson_arrivals(tokenizer: Any, requests: int, rate_per_s: float, prompt_tokens: int, output_tokens: int, seed: int = 0) -> list[Arrival]:
+    """``requests`` chats arriving as a Poisson process at ``rate_per_s`` (exponential gaps, seeded)."""
+    import random
+
+    from kvlab.prompts import distinct_prompts
+
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i, ids in enumerate(distinct_prompts(tokenizer, prompt_tokens, requests, seed=seed + 23)):
+        out.append(Arrival(f"request {i + 1}", ids, output_tokens, t))
+        t += rng.expovariate(rate_per_s)
+    return out
+
+
+def concurrency(requests: pd.DataFrame) -> float:
+    """Mean number of requests in flight (submitted, not finished) over the run: Little's law from the timeline."""
+    span = requests.last_token_s.max() - requests.arrival_s.min()
+    busy = (requests.last_token_s - requests.arrival_s).sum()
+    return float(busy / span) if span > 0 else float("nan")
