@@ -19,7 +19,7 @@ setup:
 	@bash scripts/setup.sh
 
 lab: setup
-	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=$(CURDIR)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser --notebook-dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 lint: setup
 	$(BIN)/ruff check kvlab tests tools

