@@ -58,8 +58,9 @@ def _type_ok(value: Any, default: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def validate(lab: str, given: dict[str, Any]) -> dict[str, Any]:
-    """Check names and types against the lab's parameters cell; return the full parameter set (defaults filled in)."""
+def validate(lab: str, given: dict[str, Any], positive: tuple[str, ...] = (), fractions: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check names and types against the lab's parameters cell, then that ``positive`` ones are > 0 and ``fractions``
+    lie in [0, 1]; return the full parameter set (defaults filled in)."""
     spec = lab_parameters(lab)
     name = lab_path(lab).stem
     for key, value in given.items():
@@ -71,7 +72,10 @@ def validate(lab: str, given: dict[str, Any]) -> dict[str, Any]:
             if isinstance(value, str) and not isinstance(default, str):
                 want += f" (on papermill's command line pass it as YAML: -y \"{key}: {default!r}\")"
             raise KVLabError(f"Lab {name}: parameter {key}={value!r} should be {want}.")
-    return {k: v["default"] for k, v in spec.items()} | given
+    params = {k: v["default"] for k, v in spec.items()} | given
+    require_positive(lab, **{k: params[k] for k in positive})
+    require_fraction(lab, **{k: params[k] for k in fractions})
+    return params
 
 
 def output_dir(lab: str, given: str = "") -> Path:

@@ -48,10 +48,3 @@ def quiet() -> Iterator[Path]:
             else:
                 os.environ["TQDM_DISABLE"] = old_tqdm
 
-
-def log_tail(lines: int = 15) -> str:
-    """The last lines of this process's log, to quote in an error message."""
-    try:
-        return "\n".join(log_path().read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""

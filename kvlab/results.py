@@ -19,18 +19,28 @@ def run_metadata(parameters: dict[str, Any], engine_settings: dict[str, Any] | N
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def save_results(df: pd.DataFrame, out_dir: str | Path, parameters: dict[str, Any], name: str = "results",
-                 engine_settings: dict[str, Any] | None = None) -> Path:
-    """Write ``name.csv``, ``name.parquet`` and ``metadata.json`` into ``out_dir`` (overwriting: safe to re-run).
+def _write_table(df: pd.DataFrame, path: Path) -> None:
+    """Write a table as CSV or Parquet (by suffix) under a temporary name, then rename: never half-written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".parquet":
+        df.to_parquet(tmp, index=False)
+    else:
+        df.to_csv(tmp, index=False)
+    os.replace(tmp, path)
 
-    Files are written to a temporary name and renamed, so a crash never leaves a half-written table.
+
+def save_results(df: pd.DataFrame, out_dir: str | Path, parameters: dict[str, Any], name: str = "results",
+                 engine_settings: dict[str, Any] | None = None, tables: dict[str, pd.DataFrame] | None = None,
+                 figures: dict[str, Any] | None = None) -> Path:
+    """Write ``name.csv``, ``name.parquet``, ``metadata.json``, extra ``tables`` ({file name: frame}) and plotly
+    ``figures`` ({file name: figure}, standalone HTML) into ``out_dir``, overwriting: safe to re-run.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for suffix, write in ((".csv", lambda p: df.to_csv(p, index=False)), (".parquet", lambda p: df.to_parquet(p, index=False))):
-        tmp = out / f".{name}{suffix}.tmp"
-        write(tmp)
-        os.replace(tmp, out / f"{name}{suffix}")
+    for file_name, table in {f"{name}.csv": df, f"{name}.parquet": df, **(tables or {})}.items():
+        _write_table(table, out / file_name)
+    for file_name, fig in (figures or {}).items():
+        fig.write_html(out / file_name, include_plotlyjs=True)
     meta = out / "metadata.json"
     meta.write_text(json.dumps(run_metadata(parameters, engine_settings), indent=2, default=str))
     return out

@@ -137,3 +137,12 @@ def test_lab_l05_batch_sweep(tmp_path):
     assert s.decode_tok_s[8] > s.decode_tok_s[1]
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["engine"]["kv_capacity"]["tokens"] > 0
+
+
+def test_validate_checks_positive_and_fraction_parameters():
+    with pytest.raises(KVLabError, match="parameter repeats must be positive, got 0"):
+        labs.validate("L02_ttft_tpot_sweep", {"repeats": 0}, positive=("repeats", "prompt_lengths"))
+    with pytest.raises(KVLabError, match="parameter prompt_lengths must be positive, got -5"):
+        labs.validate("L02_ttft_tpot_sweep", {"prompt_lengths": [128, -5]}, positive=("prompt_lengths",))
+    with pytest.raises(KVLabError, match="shared_fraction must be a fraction"):
+        labs.validate("L03_prefix_cache_delta", {"shared_fraction": 2.0}, fractions=("shared_fraction",))

@@ -33,9 +33,8 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L01_capacity_planning", dict(
     model=model, memory_gib=memory_gib, utilization=utilization, context_lengths=context_lengths, kv_dtype=kv_dtype,
-    weight_dtype=weight_dtype, block_size=block_size, target_sequences=target_sequences, output_dir=output_dir))
-kvlab.labs.require_positive("L01_capacity_planning", memory_gib=memory_gib, utilization=utilization,
-                            context_lengths=context_lengths, block_size=block_size, target_sequences=target_sequences)
+    weight_dtype=weight_dtype, block_size=block_size, target_sequences=target_sequences, output_dir=output_dir),
+    positive=("memory_gib", "utilization", "context_lengths", "block_size", "target_sequences"))
 """),
 ("md", """
 ## Plan every card × context
@@ -57,8 +56,7 @@ fig.show()
 """),
 ("code", """
 out = kvlab.labs.output_dir("L01_capacity_planning", output_dir)
-kvlab.results.save_results(results, out, params)
-fig.write_html(out / "capacity.html", include_plotlyjs=True)
+kvlab.results.save_results(results, out, params, figures={"capacity.html": fig})
 print(f"wrote {len(results)} rows to {out}")
 """),
 ("md", """

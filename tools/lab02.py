@@ -33,9 +33,8 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L02_ttft_tpot_sweep", dict(
     model=model, prompt_lengths=prompt_lengths, output_lengths=output_lengths, repeats=repeats, dtype=dtype,
-    enforce_eager=enforce_eager, kv_cache_gib=kv_cache_gib, output_dir=output_dir))
-kvlab.labs.require_positive("L02_ttft_tpot_sweep", prompt_lengths=prompt_lengths, output_lengths=output_lengths,
-                            repeats=repeats, kv_cache_gib=kv_cache_gib)
+    enforce_eager=enforce_eager, kv_cache_gib=kv_cache_gib, output_dir=output_dir),
+    positive=("prompt_lengths", "output_lengths", "repeats", "kv_cache_gib"))
 if kvlab.quick():
     prompt_lengths, output_lengths, repeats = prompt_lengths[:2], output_lengths[:1], min(repeats, 2)
     print(f"quick mode: prompt_lengths={prompt_lengths}, output_lengths={output_lengths}, repeats={repeats}")
@@ -70,9 +69,8 @@ fig.show()
 """),
 ("code", """
 out = kvlab.labs.output_dir("L02_ttft_tpot_sweep", output_dir)
-kvlab.results.save_results(runs, out, params, engine_settings=llm.kvlab_settings | {"limits": limits.as_dict()})
-summary.to_csv(out / "summary.csv", index=False)
-fig.write_html(out / "ttft_tpot.html", include_plotlyjs=True)
+kvlab.results.save_results(runs, out, params, engine_settings=llm.kvlab_settings | {"limits": limits.as_dict()},
+                           tables={"summary.csv": summary}, figures={"ttft_tpot.html": fig})
 kvlab.close_engine(llm)
 print(f"wrote {len(runs)} requests to {out}")
 """),

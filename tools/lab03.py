@@ -33,10 +33,8 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L03_prefix_cache_delta", dict(
     model=model, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, shared_fraction=shared_fraction,
-    requests=requests, output_tokens=output_tokens, seed=seed, output_dir=output_dir))
-kvlab.labs.require_positive("L03_prefix_cache_delta", prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
-                            requests=requests, output_tokens=output_tokens)
-kvlab.labs.require_fraction("L03_prefix_cache_delta", shared_fraction=shared_fraction)
+    requests=requests, output_tokens=output_tokens, seed=seed, output_dir=output_dir),
+    positive=("prefix_tokens", "suffix_tokens", "requests", "output_tokens"), fractions=("shared_fraction",))
 if kvlab.quick():
     requests = min(requests, 6)
     print(f"quick mode: requests={requests}")
@@ -74,9 +72,8 @@ fig.show()
 """),
 ("code", """
 out = kvlab.labs.output_dir("L03_prefix_cache_delta", output_dir)
-kvlab.results.save_results(runs, out, params, engine_settings=llm.kvlab_settings | {"counters": counters})
-summary.to_csv(out / "summary.csv", index=False)
-fig.write_html(out / "ttft.html", include_plotlyjs=True)
+kvlab.results.save_results(runs, out, params, engine_settings=llm.kvlab_settings | {"counters": counters},
+                           tables={"summary.csv": summary}, figures={"ttft.html": fig})
 kvlab.close_engine(llm)
 print(f"wrote {len(runs)} requests to {out}")
 """),

@@ -33,9 +33,8 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L04_chunked_prefill", dict(
     model=model, decoders=decoders, decoder_prompt_tokens=decoder_prompt_tokens, decoder_output_tokens=decoder_output_tokens,
-    long_prompt_tokens=long_prompt_tokens, long_arrival_s=long_arrival_s, budgets=budgets, output_dir=output_dir))
-kvlab.labs.require_positive("L04_chunked_prefill", decoders=decoders, decoder_prompt_tokens=decoder_prompt_tokens,
-                            decoder_output_tokens=decoder_output_tokens, long_prompt_tokens=long_prompt_tokens, budgets=budgets)
+    long_prompt_tokens=long_prompt_tokens, long_arrival_s=long_arrival_s, budgets=budgets, output_dir=output_dir),
+    positive=("decoders", "decoder_prompt_tokens", "decoder_output_tokens", "long_prompt_tokens", "budgets"))
 if kvlab.quick():
     budgets = budgets[:2]
     print(f"quick mode: budgets={budgets}")
@@ -73,9 +72,8 @@ fig.show()
 """),
 ("code", """
 out = kvlab.labs.output_dir("L04_chunked_prefill", output_dir)
-kvlab.results.save_results(results, out, params, engine_settings={"configs": {k: str(v) for k, v in configs.items()}})
-pd.concat(all_tokens).to_parquet(out / "tokens.parquet", index=False)
-fig.write_html(out / "tradeoff.html", include_plotlyjs=True)
+kvlab.results.save_results(results, out, params, engine_settings={"configs": {k: str(v) for k, v in configs.items()}},
+                           tables={"tokens.parquet": pd.concat(all_tokens)}, figures={"tradeoff.html": fig})
 print(f"wrote {len(results)} configurations to {out}")
 """),
 ("md", """

@@ -32,9 +32,8 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L05_batch_sweep", dict(
     model=model, batch_sizes=batch_sizes, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
-    kv_cache_gib=kv_cache_gib, enforce_eager=enforce_eager, output_dir=output_dir))
-kvlab.labs.require_positive("L05_batch_sweep", batch_sizes=batch_sizes, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                            repeats=repeats, kv_cache_gib=kv_cache_gib)
+    kv_cache_gib=kv_cache_gib, enforce_eager=enforce_eager, output_dir=output_dir),
+    positive=("batch_sizes", "prompt_tokens", "output_tokens", "repeats", "kv_cache_gib"))
 if kvlab.quick():
     batch_sizes, repeats = sorted({batch_sizes[0], batch_sizes[-1]}), 1
     print(f"quick mode: batch_sizes={batch_sizes}, repeats={repeats}")
@@ -64,9 +63,8 @@ fig.show()
 """),
 ("code", """
 out = kvlab.labs.output_dir("L05_batch_sweep", output_dir)
-kvlab.results.save_results(runs, out, params, engine_settings=llm.kvlab_settings | {"kv_capacity": capacity.as_dict()})
-summary.to_csv(out / "summary.csv", index=False)
-fig.write_html(out / "throughput.html", include_plotlyjs=True)
+kvlab.results.save_results(runs, out, params, engine_settings=llm.kvlab_settings | {"kv_capacity": capacity.as_dict()},
+                           tables={"summary.csv": summary}, figures={"throughput.html": fig})
 kvlab.close_engine(llm)
 print(f"wrote {len(runs)} requests to {out}")
 """),
