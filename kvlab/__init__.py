@@ -4,7 +4,24 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from kvlab import caching, config, experiments, labs, plots, prompts, results, roofline, sizing, tasks, timing, widgets, workload  # noqa: E402
+from kvlab import (  # noqa: E402
+    caching,
+    config,
+    experiments,
+    labs,
+    metrics,
+    plots,
+    prompts,
+    results,
+    roofline,
+    serving,
+    sizing,
+    tasks,
+    timing,
+    traffic,
+    widgets,
+    workload,
+)
 from kvlab.config import DEFAULT_MODEL, pick, quick  # noqa: E402
 from kvlab.engine import KVCapacity, chat, close_engine, kv_capacity, make_engine  # noqa: E402
 from kvlab.envinfo import env_report, print_env  # noqa: E402
@@ -21,7 +38,8 @@ def setup_notebook() -> None:
 
 
 __all__ = [
-    "caching", "config", "experiments", "labs", "plots", "prompts", "results", "roofline", "sizing", "tasks", "timing", "widgets", "workload",
+    "caching", "config", "experiments", "labs", "metrics", "plots", "prompts", "results", "roofline", "serving", "sizing", "tasks", "timing", "traffic",
+    "widgets", "workload",
     "DEFAULT_MODEL", "KVCapacity", "KVLabError", "chat", "close_engine", "env_report", "kv_capacity",
     "make_engine", "model_facts", "pick", "prepare_default_model", "print_env", "quick", "resolve_model", "setup_notebook", "show_short_errors",
 ]

@@ -97,3 +97,10 @@ def require_fraction(lab: str, **values: Any) -> None:
     for key, value in values.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
             raise KVLabError(f"Lab {Path(lab).stem}: parameter {key} must be a fraction between 0 and 1, got {value!r}.")
+
+
+def require_range(lab: str, **values: tuple[Any, float, float]) -> None:
+    """Refuse numbers outside [low, high]: ``require_range(lab, agent_tools=(value, 0, 13))``."""
+    for key, (value, low, high) in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+            raise KVLabError(f"Lab {Path(lab).stem}: parameter {key} must be between {low} and {high}, got {value!r}.")

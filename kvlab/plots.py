@@ -180,3 +180,34 @@ def tradeoff(summary: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Chunked prefill's trade-off: the long prompt waits longer, the decoders stall less",
                       xaxis_title="long prompt's TTFT (s)", yaxis_title="decoders' inter-token gap during it (ms)", yaxis_type="log", height=440)
     return fig
+
+
+def bad_dashboard(runs: dict[str, pd.DataFrame], window_s: float = 2.0) -> go.Figure:
+    """Three panels for traffic mixes: output tokens/s over time (looks flat), TTFT p50/p95 (doesn't), and prompt
+    tokens sent per second (the cause)."""
+    from plotly.subplots import make_subplots
+
+    from kvlab.timing import p95
+    from kvlab.traffic import tokens_per_window
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Output tokens/s (the usual panel)", "TTFT p50 and p95",
+                                                        "Prompt tokens sent per second"))
+    colors = ["#636efa", "#ef553b", "#00cc96", "#ab63fa"]
+    for i, (name, df) in enumerate(runs.items()):
+        color = colors[i % len(colors)]
+        w = tokens_per_window(df, window_s)
+        fig.add_scatter(x=w.t_s, y=w.tokens_per_s, name=name, mode="lines+markers", line_color=color, legendgroup=name, row=1, col=1)
+        fig.add_bar(x=["p50", "p95"], y=[df.ttft_s.median() * 1e3, p95(df.ttft_s) * 1e3], name=name, marker_color=color,
+                    legendgroup=name, showlegend=False, row=1, col=2)
+        sent = (df.sent_s // window_s * window_s).rename("t_s")
+        prompt_rate = df.groupby(sent).prompt_tokens.sum().reindex(w.t_s, fill_value=0) / window_s
+        fig.add_scatter(x=prompt_rate.index, y=prompt_rate.to_numpy(), name=name, mode="lines+markers", line_color=color,
+                        legendgroup=name, showlegend=False, row=1, col=3)
+    fig.update_xaxes(title_text="seconds since start", row=1, col=1)
+    fig.update_xaxes(title_text="percentile", row=1, col=2)
+    fig.update_xaxes(title_text="seconds since start", row=1, col=3)
+    fig.update_yaxes(title_text="output tokens / s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="TTFT (ms)", row=1, col=2)
+    fig.update_yaxes(title_text="prompt tokens / s", row=1, col=3)
+    fig.update_layout(barmode="group", height=420, title="Same tokens/sec, very different first-token waits")
+    return fig

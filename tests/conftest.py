@@ -25,3 +25,13 @@ def model_dir():
     import kvlab
 
     return kvlab.prepare_default_model()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No vLLM server may outlive the tests or notebooks that started it: fail the run if one did."""
+    import psutil
+
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])]
+    if left:
+        print(f"\nvLLM server processes left running after the tests: {left}")
+        session.exitstatus = 1
