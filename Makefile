@@ -7,16 +7,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 export KVLAB_BUILD_DIR ?= $(CURDIR)/build
 
-.PHONY: course test setup lab lint format clean
+.PHONY: course test setup browser lab lint format clean
 
 course: setup
 	$(BIN)/kvlab build
 
-test: setup
+test: setup browser
 	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax
 
 setup:
 	@bash scripts/setup.sh
+
+browser:
+	@bash scripts/setup-browser.sh
 
 lab: setup
 	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser --notebook-dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root)

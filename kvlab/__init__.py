@@ -7,7 +7,9 @@ __version__ = "0.1.0"
 from kvlab import (  # noqa: E402
     caching,
     config,
+    exercises,
     experiments,
+    grid,
     labs,
     metrics,
     plots,
@@ -38,7 +40,7 @@ def setup_notebook() -> None:
 
 
 __all__ = [
-    "caching", "config", "experiments", "labs", "metrics", "plots", "prompts", "results", "roofline", "serving", "sizing", "tasks", "timing", "traffic",
+    "caching", "config", "exercises", "experiments", "grid", "labs", "metrics", "plots", "prompts", "results", "roofline", "serving", "sizing", "tasks", "timing", "traffic",
     "widgets", "workload",
     "DEFAULT_MODEL", "KVCapacity", "KVLabError", "chat", "close_engine", "env_report", "kv_capacity",
     "make_engine", "model_facts", "pick", "prepare_default_model", "print_env", "quick", "resolve_model", "setup_notebook", "show_short_errors",

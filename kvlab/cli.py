@@ -1,4 +1,4 @@
-"""The ``kvlab`` command: environment report, model preparation, course build."""
+"""The ``kvlab`` command: environment report, model preparation, course build, lab grids."""
 
 from __future__ import annotations
 
@@ -38,6 +38,47 @@ def _build(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in runs) else 1
 
 
+def _labs_list(_: argparse.Namespace) -> int:
+    from kvlab import labs
+
+    for lab in labs.list_labs():
+        print(lab)
+        for name, p in labs.lab_parameters(lab).items():
+            print(f"    {name:<24} {p['type']:<6} = {p['default']!r:<28} {p['doc']}")
+    return 0
+
+
+def _labs_run(args: argparse.Namespace) -> int:
+    from kvlab import grid
+
+    table = grid.run_grid(args.grid, args.out, timeout_s=args.timeout)
+    executed = table[table.action == "executed"]
+    failed = table[table.status != "ok"]
+    print(f"\n{len(table)} runs: {len(executed)} executed now, {len(table) - len(executed)} skipped (already done), "
+          f"{len(failed)} failed.")
+    for _, r in failed.iterrows():
+        print(f"FAILED {r.run_id}: {r.error}")
+    return 1 if len(failed) else 0
+
+
+def _labs_collect(args: argparse.Namespace) -> int:
+    from kvlab import grid
+
+    tables = grid.collect(args.out)
+    for lab, t in tables.items():
+        print(f"{lab}: {t.run_id.nunique()} runs, {len(t)} rows")
+    print(f"written to {Path(args.out).resolve() / 'collected'}")
+    return 0
+
+
+def _labs_reference(args: argparse.Namespace) -> int:
+    from kvlab import grid
+
+    for path in grid.publish_reference(args.out, args.dest):
+        print(f"reference results: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvlab`` console script."""
     parser = argparse.ArgumentParser(prog="kvlab", description="KV Lab: LLM inference, measured on a real vLLM engine.")
@@ -50,6 +91,21 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("notebooks", nargs="*", help="notebooks to run (default: every numbered lesson)")
     b.add_argument("--out", help="output folder (default: KVLAB_BUILD_DIR or build/)")
     b.set_defaults(func=_build)
+    labs = sub.add_parser("labs", help="list the labs, run a grid of lab runs, collect their results")
+    lsub = labs.add_subparsers(dest="labs_command", required=True)
+    lsub.add_parser("list", help="every lab with its parameters, types, defaults and units").set_defaults(func=_labs_list)
+    r = lsub.add_parser("run", help="run a grid file (resumable: finished runs are skipped)")
+    r.add_argument("grid", help="grid YAML file, e.g. labs/grids/example.yaml")
+    r.add_argument("--out", help="output folder (default: the grid's 'output:' or build/grids/<name>)")
+    r.add_argument("--timeout", type=int, default=None, help="seconds any one notebook cell may run (default: no limit)")
+    r.set_defaults(func=_labs_run)
+    c = lsub.add_parser("collect", help="gather a grid's results into one table per lab, with parameters and machine")
+    c.add_argument("out", help="the grid's output folder")
+    c.set_defaults(func=_labs_collect)
+    ref = lsub.add_parser("reference", help="copy a grid's results (tables + metadata) into a reference folder")
+    ref.add_argument("out", help="the grid's output folder")
+    ref.add_argument("dest", help="e.g. data/reference/cpu")
+    ref.set_defaults(func=_labs_reference)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

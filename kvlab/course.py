@@ -81,25 +81,62 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None) -> tuple
     return index, runs
 
 
+def highlights(executed: Path) -> tuple[str, str]:
+    """From an executed lesson: its key figure (the first plotly output of the cell tagged ``key-figure``) as an HTML
+    fragment, and its headline numbers (the Summary cell's Markdown output) as HTML; empty strings when missing."""
+    import mistune
+    import nbformat
+    import plotly.io as pio
+
+    nb = nbformat.read(executed, as_version=4)
+    figure = summary = ""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        outputs = [o.get("data", {}) for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
+        if not figure and "key-figure" in cell.get("metadata", {}).get("tags", []):
+            spec = next((d["application/vnd.plotly.v1+json"] for d in outputs if "application/vnd.plotly.v1+json" in d), None)
+            if spec is not None:
+                fig = pio.from_json(json.dumps(spec))
+                fig.update_layout(height=360)
+                figure = fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%")
+        previous = nb.cells[i - 1] if i else None
+        if previous is not None and previous.cell_type == "markdown" and previous.source.startswith("## Summary"):
+            text = next((d["text/markdown"] for d in outputs if "text/markdown" in d), "")
+            summary = mistune.html(text) if text else ""
+    return figure, summary
+
+
 def write_index(runs: list[NotebookRun], out: Path) -> Path:
-    """A small HTML page linking every executed notebook, with its status and run time."""
-    rows = []
+    """The course report: for every executed lesson, its status and run time, its key figure and its headline
+    numbers (the Summary written from that run), linking to the full page. Works offline (plotly.js inlined once)."""
+    from plotly.offline import get_plotlyjs
+
+    rows, sections = [], []
     for r in runs:
         link = f'<a href="html/{r.html.name}">{html.escape(r.title)}</a>' if r.html else html.escape(r.title)
         status = "ran top to bottom" if r.ok else f"failed: {html.escape(r.error)}"
         rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{link}</td><td class='{'ok' if r.ok else 'bad'}'>{status}</td>"
                     f"<td>{r.seconds:.0f} s</td></tr>")
+        figure, summary = highlights(r.executed) if r.executed.exists() else ("", "")
+        if figure or summary:
+            sections.append(f"<section><h2>{link}</h2><div class='fig'>{figure}</div>"
+                            f"<div class='numbers'><h3>Headline numbers from this build</h3>{summary}</div></section>")
     mode = "quick (KVLAB_QUICK=1)" if config.quick() else "full"
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>KV Lab — executed course</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>KV Lab — course report</title>
+<script type="text/javascript">{get_plotlyjs()}</script>
+<style>body{{font-family:system-ui,sans-serif;max-width:64rem;margin:2rem auto;padding:0 1rem}}
 table{{border-collapse:collapse;width:100%}}td,th{{border-bottom:1px solid #ddd;padding:.4rem;text-align:left}}
-.ok{{color:#1a7f37}}.bad{{color:#cf222e}}</style></head><body>
-<h1>KV Lab — executed course</h1>
+.ok{{color:#1a7f37}}.bad{{color:#cf222e}}section{{border-top:2px solid #eee;margin-top:2rem}}
+.numbers{{background:#f6f8fa;padding:.2rem 1rem;border-radius:6px}}</style></head><body>
+<h1>KV Lab — course report</h1>
 <p>Built {time.strftime('%Y-%m-%d %H:%M')} in {mode} mode with model <code>{html.escape(config.model_name())}</code>.
-Every number in these pages was measured during this build.</p>
+Every number and figure below was measured during this build, on this machine.</p>
 <table><tr><th>lesson</th><th>title</th><th>status</th><th>run time</th></tr>
 {''.join(rows)}
-</table></body></html>"""
+</table>
+{''.join(sections)}
+</body></html>"""
     index = out / "index.html"
     index.parent.mkdir(parents=True, exist_ok=True)
     index.write_text(page, encoding="utf-8")

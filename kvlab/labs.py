@@ -11,6 +11,27 @@ from kvlab.errors import KVLabError
 
 LAB_DIR = config.REPO_ROOT / "labs"
 
+#: What each lab's numbers must satisfy beyond their type: checked by ``validate`` — in the lab itself and, for a whole
+#: grid, before any run starts. ``ranges``: {name: (low, high)}, inclusive.
+RULES: dict[str, dict[str, Any]] = {
+    "L01_capacity_planning": {"positive": ("memory_gib", "utilization", "context_lengths", "block_size", "target_sequences"),
+                              "ranges": {"utilization": (0.01, 1.0)}},
+    "L02_ttft_tpot_sweep": {"positive": ("prompt_lengths", "output_lengths", "repeats", "kv_cache_gib")},
+    "L03_prefix_cache_delta": {"positive": ("prefix_tokens", "suffix_tokens", "requests", "output_tokens"),
+                               "fractions": ("shared_fraction",)},
+    "L04_chunked_prefill": {"positive": ("decoders", "decoder_prompt_tokens", "decoder_output_tokens", "long_prompt_tokens",
+                                         "budgets")},
+    "L05_batch_sweep": {"positive": ("batch_sizes", "prompt_tokens", "output_tokens", "repeats", "kv_cache_gib")},
+    "L06_traffic_mix": {"positive": ("agent_turns", "growth_tokens", "requests", "rate_per_s", "concurrency", "output_tokens",
+                                     "kv_cache_gib"),
+                        "fractions": ("agent_share",), "ranges": {"agent_tools": (0, 13)}},
+}
+
+
+def list_labs() -> list[str]:
+    """Names of the labs, in order."""
+    return [p.stem for p in sorted(LAB_DIR.glob("L*.ipynb"))]
+
 
 def lab_path(lab: str) -> Path:
     """Path of a lab notebook by name (``L01_capacity_planning``) or path."""
@@ -20,7 +41,7 @@ def lab_path(lab: str) -> Path:
     candidate = LAB_DIR / f"{Path(lab).stem}.ipynb"
     if candidate.is_file():
         return candidate
-    known = ", ".join(p.stem for p in sorted(LAB_DIR.glob("L*.ipynb")))
+    known = ", ".join(list_labs())
     raise KVLabError(f"Unknown lab {lab!r}; the labs are: {known}.")
 
 
@@ -59,8 +80,9 @@ def _type_ok(value: Any, default: Any) -> bool:
 
 
 def validate(lab: str, given: dict[str, Any], positive: tuple[str, ...] = (), fractions: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Check names and types against the lab's parameters cell, then that ``positive`` ones are > 0 and ``fractions``
-    lie in [0, 1]; return the full parameter set (defaults filled in)."""
+    """Check names and types against the lab's parameters cell, then the lab's ``RULES`` (and any extra ``positive``
+    / ``fractions``); return the full parameter set (defaults filled in). Each problem is one sentence naming the
+    lab and the parameter."""
     spec = lab_parameters(lab)
     name = lab_path(lab).stem
     for key, value in given.items():
@@ -73,8 +95,10 @@ def validate(lab: str, given: dict[str, Any], positive: tuple[str, ...] = (), fr
                 want += f" (on papermill's command line pass it as YAML: -y \"{key}: {default!r}\")"
             raise KVLabError(f"Lab {name}: parameter {key}={value!r} should be {want}.")
     params = {k: v["default"] for k, v in spec.items()} | given
-    require_positive(lab, **{k: params[k] for k in positive})
-    require_fraction(lab, **{k: params[k] for k in fractions})
+    rules = RULES.get(name, {})
+    require_positive(lab, **{k: params[k] for k in (*rules.get("positive", ()), *positive)})
+    require_fraction(lab, **{k: params[k] for k in (*rules.get("fractions", ()), *fractions)})
+    require_range(lab, **{k: (params[k], lo, hi) for k, (lo, hi) in rules.get("ranges", {}).items()})
     return params
 
 

@@ -211,3 +211,48 @@ def bad_dashboard(runs: dict[str, pd.DataFrame], window_s: float = 2.0) -> go.Fi
     fig.update_yaxes(title_text="prompt tokens / s", row=1, col=3)
     fig.update_layout(barmode="group", height=420, title="Same tokens/sec, very different first-token waits")
     return fig
+
+
+def _run_labels(table: pd.DataFrame, varying: list[str]) -> pd.Series:
+    """Name each run by the parameters that differ between runs (its id when none do)."""
+    if not varying:
+        return table["run_id"]
+    return table[[f"param_{k}" for k in varying]].astype(str).apply(
+        lambda row: ", ".join(f"{k}={v}" for k, v in zip(varying, row, strict=True)), axis=1)
+
+
+def lab_comparison(lab: str, table: pd.DataFrame, varying: list[str]) -> go.Figure | None:
+    """The comparison plot for a lab's collected runs (one line or bar group per run); None for an unknown lab."""
+    import plotly.express as px
+
+    t = table.assign(run=_run_labels(table, varying))
+    if lab.startswith("L01"):
+        t["run"] = t.run + " · " + t.memory_gib.astype(str) + " GiB"
+        return px.line(t, x="context", y="max_sequences", color="run", markers=True, log_x=True, log_y=True,
+                       title="L01 · sequences that fit vs context", labels={"context": "context (tokens, log)",
+                                                                              "max_sequences": "sequences (log)"})
+    if lab.startswith("L02"):
+        m = t.groupby(["run", "prompt_tokens"], as_index=False).ttft_s.median()
+        return px.line(m.assign(ttft_ms=m.ttft_s * 1e3), x="prompt_tokens", y="ttft_ms", color="run", markers=True,
+                       title="L02 · median TTFT vs prompt length", labels={"prompt_tokens": "prompt tokens", "ttft_ms": "TTFT (ms)"})
+    if lab.startswith("L03"):
+        m = t.groupby(["run", "caching"], as_index=False).ttft_s.median()
+        return px.bar(m.assign(ttft_ms=m.ttft_s * 1e3), x="run", y="ttft_ms", color="caching", barmode="group",
+                      title="L03 · median TTFT with and without prefix caching", labels={"ttft_ms": "TTFT (ms)"})
+    if lab.startswith("L04"):
+        return px.scatter(t, x="decoder_itl_max_ms", y="long_ttft_ms", color="run", text="config",
+                          title="L04 · decoders' worst stall vs the long prompt's TTFT",
+                          labels={"decoder_itl_max_ms": "decoders' worst gap (ms)", "long_ttft_ms": "long prompt TTFT (ms)"})
+    if lab.startswith("L05"):
+        m = t.groupby(["run", "batch_size"], as_index=False).tpot_s.median()
+        m["decode_tok_s"] = m.batch_size / m.tpot_s
+        return px.line(m, x="batch_size", y="decode_tok_s", color="run", markers=True, log_x=True,
+                       title="L05 · decode throughput vs batch size", labels={"batch_size": "batch size (log)",
+                                                                             "decode_tok_s": "decode tokens/s"})
+    if lab.startswith("L06"):
+        from kvlab.timing import p95
+
+        m = t.groupby(["run", "mix"], as_index=False).ttft_s.agg(p95)
+        return px.bar(m.assign(ttft_ms=m.ttft_s * 1e3), x="run", y="ttft_ms", color="mix", barmode="group",
+                      title="L06 · TTFT p95: chat only vs chat + agents", labels={"ttft_ms": "TTFT p95 (ms)"})
+    return None

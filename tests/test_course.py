@@ -16,7 +16,12 @@ def test_build_notebook_00_writes_html_and_index(tmp_path):
     assert runs[0].ok, runs[0].error
     page = tmp_path / "html" / "00_setup_and_first_tokens.html"
     assert page.exists() and "plotly" in page.read_text()
-    assert 'href="html/00_setup_and_first_tokens.html"' in index.read_text()
+    report = index.read_text()
+    assert 'href="html/00_setup_and_first_tokens.html"' in report
+    # the course report: the lesson's key figure (a plotly div) and its headline numbers (the Summary of this run)
+    assert "Headline numbers from this build" in report and report.count('class="plotly-graph-div"') == 1
+    numbers = report.split("Headline numbers from this build", 1)[1]
+    assert "TTFT" in numbers and "ms" in numbers
     executed = json.loads((tmp_path / "notebooks" / nb.name).read_text())
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     shown = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)

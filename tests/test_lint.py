@@ -13,7 +13,7 @@ def test_ruff_clean():
 def test_notebooks_are_committed_without_outputs():
     import nbformat
 
-    for nb_path in sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb")):
+    for nb_path in sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb")) + sorted((ROOT / "instructors").glob("*.ipynb")):
         nb = nbformat.read(nb_path, as_version=4)
         for cell in nb.cells:
             if cell.cell_type == "code":

@@ -125,6 +125,6 @@ def test_lab_l06_traffic_mix(tmp_path):
 
 def test_lab_l06_refuses_bad_parameters():
     with pytest.raises(KVLabError, match="Lab L06_traffic_mix: parameter agent_share must be a fraction between 0 and 1, got 1.5"):
-        labs.validate("L06_traffic_mix", {"agent_share": 1.5}, fractions=("agent_share",))
+        labs.validate("L06_traffic_mix", {"agent_share": 1.5})
     with pytest.raises(KVLabError, match="Lab L06_traffic_mix: parameter agent_tools must be between 0 and 13, got 20"):
-        labs.require_range("L06_traffic_mix", agent_tools=(20, 0, 13))
+        labs.validate("L06_traffic_mix", {"agent_tools": 20})

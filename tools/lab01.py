@@ -33,8 +33,7 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L01_capacity_planning", dict(
     model=model, memory_gib=memory_gib, utilization=utilization, context_lengths=context_lengths, kv_dtype=kv_dtype,
-    weight_dtype=weight_dtype, block_size=block_size, target_sequences=target_sequences, output_dir=output_dir),
-    positive=("memory_gib", "utilization", "context_lengths", "block_size", "target_sequences"))
+    weight_dtype=weight_dtype, block_size=block_size, target_sequences=target_sequences, output_dir=output_dir))
 """),
 ("md", """
 ## Plan every card × context
@@ -61,6 +60,20 @@ print(f"wrote {len(results)} rows to {out}")
 """),
 ("md", """
 ## Exercises
+
+Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
+answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
+to look), without giving the answer away.
+"""),
+("code", """
+kvlab.exercises.show("L01")
+"""),
+("code", """
+answers = {"L01.1": None, "L01.2": None}  # replace None with your answers
+kvlab.exercises.check(answers, out)
+"""),
+("md", """
+## More to try
 
 1. At which context does the model fit fewer than `target_sequences` on the smallest card? Compare with
    `largest_context_for_target`.

@@ -33,8 +33,7 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L02_ttft_tpot_sweep", dict(
     model=model, prompt_lengths=prompt_lengths, output_lengths=output_lengths, repeats=repeats, dtype=dtype,
-    enforce_eager=enforce_eager, kv_cache_gib=kv_cache_gib, output_dir=output_dir),
-    positive=("prompt_lengths", "output_lengths", "repeats", "kv_cache_gib"))
+    enforce_eager=enforce_eager, kv_cache_gib=kv_cache_gib, output_dir=output_dir))
 if kvlab.quick():
     prompt_lengths, output_lengths, repeats = prompt_lengths[:2], output_lengths[:1], min(repeats, 2)
     print(f"quick mode: prompt_lengths={prompt_lengths}, output_lengths={output_lengths}, repeats={repeats}")
@@ -76,6 +75,20 @@ print(f"wrote {len(runs)} requests to {out}")
 """),
 ("md", """
 ## Exercises
+
+Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
+answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
+to look), without giving the answer away.
+"""),
+("code", """
+kvlab.exercises.show("L02")
+"""),
+("code", """
+answers = {"L02.1": None, "L02.2": None, "L02.3": None}  # replace None with your answers
+kvlab.exercises.check(answers, out)
+"""),
+("md", """
+## More to try
 
 1. Which column of `summary.csv` grows with the prompt and which does not? Put a number on each.
 2. Run the lab twice, with `enforce_eager` True and False. Which metric does compilation improve, and by how much?

@@ -33,8 +33,7 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L03_prefix_cache_delta", dict(
     model=model, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, shared_fraction=shared_fraction,
-    requests=requests, output_tokens=output_tokens, seed=seed, output_dir=output_dir),
-    positive=("prefix_tokens", "suffix_tokens", "requests", "output_tokens"), fractions=("shared_fraction",))
+    requests=requests, output_tokens=output_tokens, seed=seed, output_dir=output_dir))
 if kvlab.quick():
     requests = min(requests, 6)
     print(f"quick mode: requests={requests}")
@@ -79,6 +78,20 @@ print(f"wrote {len(runs)} requests to {out}")
 """),
 ("md", """
 ## Exercises
+
+Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
+answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
+to look), without giving the answer away.
+"""),
+("code", """
+kvlab.exercises.show("L03")
+"""),
+("code", """
+answers = {"L03.1": None, "L03.2": None}  # replace None with your answers
+kvlab.exercises.check(answers, out)
+"""),
+("md", """
+## More to try
 
 1. What token hit rate would you predict from `prefix_tokens`, `suffix_tokens` and `shared_fraction` alone? Compare.
 2. Which moves more with caching on, p50 or p95 TTFT? Explain from the share of unique traffic.

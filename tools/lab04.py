@@ -33,8 +33,7 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L04_chunked_prefill", dict(
     model=model, decoders=decoders, decoder_prompt_tokens=decoder_prompt_tokens, decoder_output_tokens=decoder_output_tokens,
-    long_prompt_tokens=long_prompt_tokens, long_arrival_s=long_arrival_s, budgets=budgets, output_dir=output_dir),
-    positive=("decoders", "decoder_prompt_tokens", "decoder_output_tokens", "long_prompt_tokens", "budgets"))
+    long_prompt_tokens=long_prompt_tokens, long_arrival_s=long_arrival_s, budgets=budgets, output_dir=output_dir))
 if kvlab.quick():
     budgets = budgets[:2]
     print(f"quick mode: budgets={budgets}")
@@ -78,6 +77,20 @@ print(f"wrote {len(results)} configurations to {out}")
 """),
 ("md", """
 ## Exercises
+
+Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
+answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
+to look), without giving the answer away.
+"""),
+("code", """
+kvlab.exercises.show("L04")
+"""),
+("code", """
+answers = {"L04.1": None, "L04.2": None}  # replace None with your answers
+kvlab.exercises.check(answers, out)
+"""),
+("md", """
+## More to try
 
 1. Which budget keeps the decoders' p95 gap under twice their normal pace? What does it cost the long prompt?
 2. Plot `decoder_itl_max_ms` against `max_num_batched_tokens`. Is it linear? Why (or why not)?

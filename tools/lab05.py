@@ -32,8 +32,7 @@ kvlab.setup_notebook()
 env = kvlab.print_env()
 params = kvlab.labs.validate("L05_batch_sweep", dict(
     model=model, batch_sizes=batch_sizes, prompt_tokens=prompt_tokens, output_tokens=output_tokens, repeats=repeats,
-    kv_cache_gib=kv_cache_gib, enforce_eager=enforce_eager, output_dir=output_dir),
-    positive=("batch_sizes", "prompt_tokens", "output_tokens", "repeats", "kv_cache_gib"))
+    kv_cache_gib=kv_cache_gib, enforce_eager=enforce_eager, output_dir=output_dir))
 if kvlab.quick():
     batch_sizes, repeats = sorted({batch_sizes[0], batch_sizes[-1]}), 1
     print(f"quick mode: batch_sizes={batch_sizes}, repeats={repeats}")
@@ -70,6 +69,20 @@ print(f"wrote {len(runs)} requests to {out}")
 """),
 ("md", """
 ## Exercises
+
+Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
+answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
+to look), without giving the answer away.
+"""),
+("code", """
+kvlab.exercises.show("L05")
+"""),
+("code", """
+answers = {"L05.1": None, "L05.2": None}  # replace None with your answers
+kvlab.exercises.check(answers, out)
+"""),
+("md", """
+## More to try
 
 1. At which batch size does decode throughput stop doubling when the batch doubles?
 2. Lower `kv_cache_gib` until `preemptions` appear. Compare that batch size with `capacity.tokens ÷ (prompt + output)`.

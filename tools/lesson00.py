@@ -104,7 +104,7 @@ summary = timing.summarize(runs, ["queue_s", "prefill_s", "decode_s", "ttft_s", 
 
 Here is the run closest to the median TTFT, drawn on the engine's clock: **queued → scheduled → first token → last token**.
 """),
-("code", """
+("keyfig", """
 median_i = (runs.ttft_s - runs.ttft_s.median()).abs().idxmin()
 print(timing.timeline(outputs[median_i]).round(2).to_string(index=False))
 fig = kvlab.plots.request_timeline(runs.loc[median_i], title=f"One request: {runs.prompt_tokens[median_i]} prompt tokens → {runs.output_tokens[median_i]} output tokens")

@@ -145,7 +145,7 @@ ratios = checks.engine_tokens / gqa
 assert abs(ratios[1] - 1 / 3) < 0.02 and abs(ratios[2] - 3) < 0.06, ratios
 print(f"MHA holds {ratios[1]:.3f}× and MQA {ratios[2]:.3f}× the tokens of GQA (formula: 0.333× and 3×).")
 """),
-("code", """
+("keyfig", """
 import plotly.express as px
 
 px.bar(checks, x="layout", y=["hand_tokens", "engine_tokens"], barmode="group",

@@ -77,7 +77,7 @@ summary = timing.summarize(runs, ["ttft_s", "tpot_s", "prefill_s"], by=["prompt_
 summary = summary.merge(runs.groupby("prompt_tokens", as_index=False)[["ttft_bound_s", "tpot_bound_s"]].median())
 (summary.set_index("prompt_tokens").drop(columns="requests") * 1e3).round(1).add_suffix(" (ms)")
 """),
-("code", """
+("keyfig", """
 kvlab.plots.metric_vs_prompt(summary, "ttft_s", "ttft_bound_s", "TTFT grows with the prompt (prefill)", "TTFT (ms, log)", log_y=True).show()
 kvlab.plots.metric_vs_prompt(summary, "tpot_s", "tpot_bound_s", "TPOT barely moves (decode)", "TPOT (ms)").show()
 """),

@@ -54,7 +54,7 @@ n_turns = kvlab.pick(8, 3)
 cw = caching.cold_vs_warm(llm, system, turns[:n_turns])
 cw[["cache", "label", "prompt_tokens", "cached_tokens", "ttft_s"]].round(3)
 """),
-("code", """
+("keyfig", """
 s = timing.summarize(cw, ["ttft_s"], by=["cache"]).set_index("cache")
 cold_ms, warm_ms = s.ttft_s_p50["cold"] * 1e3, s.ttft_s_p50["warm"] * 1e3
 print(f"median TTFT: cold {cold_ms:.0f} ms, warm {warm_ms:.0f} ms → {cold_ms / warm_ms:.1f}× faster, {cold_ms - warm_ms:.0f} ms saved per request")

@@ -83,7 +83,7 @@ kvlab.plots.token_timeline(*timelines[smallest], f"Chunked prefill, {min(budgets
 Each point is one configuration: how long the long prompt waited for its first token, against how long the decoders'
 worst gaps were while it was being prefilled.
 """),
-("code", """
+("keyfig", """
 kvlab.plots.tradeoff(summary).show()
 s = summary.set_index("config")
 off_max, small_max = s.decoder_itl_max_ms["chunked off"], s.decoder_itl_max_ms[smallest]

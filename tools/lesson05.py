@@ -40,7 +40,7 @@ batches = experiments.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens
 summary = experiments.batch_summary(batches)
 summary.round(3)
 """),
-("code", """
+("keyfig", """
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 

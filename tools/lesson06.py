@@ -139,7 +139,7 @@ for name, sessions in mixes.items():
 mix_summary = pd.DataFrame({name: traffic.summary(df, boards[name]["wall_s"]) for name, df in runs.items()}).T
 mix_summary.round(1)
 """),
-("code", """
+("keyfig", """
 fig = kvlab.plots.bad_dashboard(runs, window_s=2.0)
 fig.show()
 """),

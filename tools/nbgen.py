@@ -1,4 +1,4 @@
-"""Write a notebook from a list of ("md"|"code", source) cells: how the course's notebooks are authored.
+"""Write a notebook from a list of ("md"|"code"|"params"|"keyfig", source) cells: how the course's notebooks are authored.
 
 Usage from a lesson script:  write_notebook(path, cells)  — outputs are never stored.
 """
@@ -22,6 +22,8 @@ def write_notebook(path: Path, cells: list[tuple[str, str]], parameters: str | N
             out.append(nbformat.v4.new_markdown_cell(src))
         elif kind == "params":
             out.append(nbformat.v4.new_code_cell(src, metadata={"tags": ["parameters"]}))
+        elif kind == "keyfig":  # the lesson's key figure: shown in the course report next to the Summary
+            out.append(nbformat.v4.new_code_cell(src, metadata={"tags": ["key-figure"]}))
         else:
             out.append(nbformat.v4.new_code_cell(src))
     for i, c in enumerate(out):

@@ -1,0 +1,230 @@
+"""Lab grids for instructors: many (lab × parameters) runs from one YAML file, resumable, and their results collected.
+
+A grid file (see ``labs/grids/``)::
+
+    output: build/grids/prompt-lengths      # optional; ``kvlab labs run --out`` wins
+    runs:
+      - lab: L02_ttft_tpot_sweep
+        parameters: {repeats: 3}             # the same for every run of this entry
+        grid:                                # every combination of these
+          dtype: [float32, bfloat16]
+          prompt_lengths: [[128, 1024], [128, 4096]]
+
+Every run gets a folder ``<out>/runs/<run id>/`` with its executed notebook, its results and ``status.json``. The run id
+is the lab plus a hash of its parameters, so the same run keeps its folder: a second ``kvlab labs run`` skips runs
+whose status is ``ok`` and executes the rest (failed or never finished).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvlab import labs
+from kvlab.errors import KVLabError
+
+
+@dataclass
+class Run:
+    """One lab with one parameter set."""
+
+    lab: str
+    parameters: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        digest = hashlib.sha256(json.dumps([self.lab, self.parameters], sort_keys=True).encode()).hexdigest()[:10]
+        return f"{self.lab}-{digest}"
+
+
+def load_grid(path: str | Path) -> tuple[list[Run], dict[str, Any]]:
+    """Read a grid file, expand every entry into runs, and validate every run's parameters before anything runs."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise KVLabError(f"Grid file {str(path)!r} not found; see labs/grids/ for examples.")
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise KVLabError(f"Grid file {path.name} is not valid YAML ({str(exc).splitlines()[0]}).") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("runs"), list) or not spec["runs"]:
+        raise KVLabError(f"Grid file {path.name} needs a non-empty list 'runs:' of entries with 'lab:' (see labs/grids/).")
+    runs: list[Run] = []
+    for n, entry in enumerate(spec["runs"], start=1):
+        if not isinstance(entry, dict) or "lab" not in entry:
+            raise KVLabError(f"Grid file {path.name}, entry {n}: each entry needs 'lab:' (and optionally 'parameters:', 'grid:').")
+        unknown = set(entry) - {"lab", "parameters", "grid"}
+        if unknown:
+            raise KVLabError(f"Grid file {path.name}, entry {n}: unknown key(s) {sorted(unknown)}; use lab, parameters, grid.")
+        lab = labs.lab_path(str(entry["lab"])).stem
+        fixed = entry.get("parameters") or {}
+        axes = entry.get("grid") or {}
+        if not isinstance(fixed, dict) or not isinstance(axes, dict):
+            raise KVLabError(f"Grid file {path.name}, entry {n} ({lab}): 'parameters' and 'grid' must be mappings of name: value.")
+        for name, values in axes.items():
+            if not isinstance(values, list) or not values:
+                raise KVLabError(f"Grid file {path.name}, entry {n} ({lab}): grid axis {name!r} must be a non-empty list of values.")
+        for combo in itertools.product(*axes.values()):
+            params = {**fixed, **dict(zip(axes, combo, strict=True))}
+            params.pop("output_dir", None)  # the grid decides where each run writes
+            labs.validate(lab, params)  # one sentence naming the lab and the parameter, before any engine starts
+            runs.append(Run(lab, params))
+    ids = [r.run_id for r in runs]
+    if len(set(ids)) != len(ids):
+        raise KVLabError(f"Grid file {path.name} lists the same lab with the same parameters twice; remove the duplicate.")
+    return runs, spec
+
+
+def status_of(out: Path, run: Run) -> dict[str, Any] | None:
+    """The recorded status of a run in ``out``, or None if it never finished."""
+    path = out / "runs" / run.run_id / "status.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _write_status(path: Path, status: dict[str, Any]) -> None:
+    tmp = path.with_name(".status.json.tmp")
+    tmp.write_text(json.dumps(status, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def _short_error(exc: BaseException) -> str:
+    """One line for a failed run: the notebook's own exception name and message when papermill reports one."""
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    if ename:
+        return f"{ename}: {str(evalue).strip().splitlines()[0] if evalue else ''}"
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def execute(run: Run, out: Path, timeout_s: int | None = None) -> dict[str, Any]:
+    """Execute one run with papermill into its folder; never raises for a failing notebook (the status says it)."""
+    import papermill as pm
+
+    folder = out / "runs" / run.run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    status: dict[str, Any] = {"run_id": run.run_id, "lab": run.lab, "parameters": run.parameters,
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(str(labs.lab_path(run.lab)), str(folder / f"{run.lab}.ipynb"), cwd=str(labs.LAB_DIR),
+                            parameters=run.parameters | {"output_dir": str(folder / "results")}, progress_bar=False,
+                            kernel_name="python3", execution_timeout=timeout_s)
+        status |= {"status": "ok", "error": ""}
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded, and the grid goes on
+        status |= {"status": "failed", "error": _short_error(exc)}
+        (folder / "error.txt").write_text("".join(traceback.format_exception(exc)))
+    status |= {"seconds": round(time.perf_counter() - t0, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    _write_status(folder / "status.json", status)
+    return status
+
+
+def run_grid(grid_file: str | Path, out: str | Path | None = None, progress: bool = True,
+             timeout_s: int | None = None) -> pd.DataFrame:
+    """Run every (lab × parameters) of a grid file that has not already finished ``ok`` in ``out``; a failing run is
+    recorded with its error and the others go on. Returns one row per run: run id, lab, status, seconds, error and
+    whether it was executed now or skipped."""
+    from tqdm.auto import tqdm
+
+    runs, spec = load_grid(grid_file)
+    out = Path(out or spec.get("output") or Path("build") / "grids" / Path(grid_file).stem).expanduser().resolve()
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "grid.yaml").write_text(Path(grid_file).read_text())
+    rows = []
+    bar = tqdm(runs, desc=f"grid {Path(grid_file).stem}", unit="run", disable=not progress)
+    for run in bar:
+        previous = status_of(out, run)
+        if previous and previous.get("status") == "ok":
+            rows.append(previous | {"action": "skipped (done)"})
+            continue
+        bar.set_postfix_str(run.run_id)
+        status = execute(run, out, timeout_s)
+        rows.append(status | {"action": "executed"})
+        mark = "ok    " if status["status"] == "ok" else "FAILED"
+        tqdm.write(f"{mark} {run.run_id} ({status['seconds']:.0f} s){'  ' + status['error'] if status['error'] else ''}")
+    table = pd.DataFrame(rows)[["run_id", "lab", "status", "action", "seconds", "error", "parameters"]]
+    table.assign(parameters=table.parameters.map(json.dumps)).to_csv(out / "runs.csv", index=False)
+    return table
+
+
+def varying(params: pd.Series) -> list[str]:
+    """Parameter names whose values differ between the runs of one lab (what a comparison is about)."""
+    frame = pd.DataFrame(list(params)).map(lambda v: json.dumps(v, sort_keys=True))
+    return [c for c in frame.columns if frame[c].nunique() > 1]
+
+
+def collect(out: str | Path) -> dict[str, pd.DataFrame]:
+    """Gather every finished run's ``results`` under ``out`` into one table per lab, each row carrying its run id, the
+    run's parameters (``param_*``) and the machine it ran on (``machine_*``); write them as ``collected/<lab>.csv``
+    and ``.parquet``, plus ``collected/all.csv`` (every lab's rows, columns united) and one comparison plot per lab
+    (``collected/<lab>.html``)."""
+    from kvlab.plots import lab_comparison
+
+    out = Path(out).expanduser().resolve()
+    statuses = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/status.json"))] if (out / "runs").is_dir() else []
+    if not statuses:
+        raise KVLabError(f"No runs found under {out}; run a grid there first (kvlab labs run GRID.yaml --out {out}).")
+    per_lab: dict[str, list[pd.DataFrame]] = {}
+    for st in statuses:
+        results = out / "runs" / st["run_id"] / "results"
+        if st.get("status") != "ok" or not (results / "results.parquet").is_file():
+            continue
+        df = pd.read_parquet(results / "results.parquet")
+        meta = json.loads((results / "metadata.json").read_text()) if (results / "metadata.json").is_file() else {}
+        params = meta.get("parameters", st["parameters"])
+        df.insert(0, "run_id", st["run_id"])
+        df.insert(1, "lab", st["lab"])
+        for k, v in params.items():
+            if k != "output_dir":
+                df[f"param_{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
+        for k, v in meta.get("machine", {}).items():
+            df[f"machine_{k}"] = str(v)
+        per_lab.setdefault(st["lab"], []).append(df)
+    target = out / "collected"
+    target.mkdir(exist_ok=True)
+    tables = {lab: pd.concat(frames, ignore_index=True) for lab, frames in sorted(per_lab.items())}
+    for lab, table in tables.items():
+        table.to_csv(target / f"{lab}.csv", index=False)
+        table.to_parquet(target / f"{lab}.parquet", index=False)
+        runs_params = pd.Series([s["parameters"] for s in statuses if s["lab"] == lab and s.get("status") == "ok"])
+        fig = lab_comparison(lab, table, varying(runs_params) if len(runs_params) > 1 else [])
+        if fig is not None:
+            fig.write_html(target / f"{lab}.html", include_plotlyjs=True)
+    if tables:
+        pd.concat(tables.values(), ignore_index=True).to_csv(target / "all.csv", index=False)
+    return tables
+
+
+def publish_reference(out: str | Path, dest: str | Path) -> list[Path]:
+    """Copy each finished run's tables and metadata (no HTML: plotly pages are megabytes) into ``dest/<lab>/`` —
+    how ``data/reference/`` is made from a grid run."""
+    import shutil
+
+    out, dest = Path(out).expanduser().resolve(), Path(dest).expanduser().resolve()
+    written = []
+    for st_path in sorted((out / "runs").glob("*/status.json")):
+        st = json.loads(st_path.read_text())
+        results = st_path.parent / "results"
+        if st.get("status") != "ok" or not results.is_dir():
+            continue
+        target = dest / st["lab"]
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for f in results.iterdir():
+            if f.suffix in {".csv", ".parquet", ".json"}:
+                shutil.copy2(f, target / f.name)
+        written.append(target)
+    if not written:
+        raise KVLabError(f"No finished runs with results under {out}.")
+    return written

@@ -1,0 +1,107 @@
+"""Lab grids: expansion and validation before anything runs; a real grid with a failing entry, resumed; collect."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from kvlab import grid
+from kvlab.cli import main
+from kvlab.errors import KVLabError
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "grid.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_grid_expands_every_combination(tmp_path):
+    runs, _ = grid.load_grid(write(tmp_path, """
+runs:
+  - lab: L02_ttft_tpot_sweep
+    parameters: {repeats: 2}
+    grid: {dtype: [float32, bfloat16], prompt_lengths: [[128, 512], [128, 1024], [64]]}
+  - lab: L01_capacity_planning
+"""))
+    assert len(runs) == 7 and len({r.run_id for r in runs}) == 7
+    assert runs[0].parameters == {"repeats": 2, "dtype": "float32", "prompt_lengths": [128, 512]}
+    assert runs[-1].lab == "L01_capacity_planning" and runs[-1].parameters == {}
+    # the id depends only on lab and parameters: the same run keeps its folder across invocations
+    assert runs[0].run_id == grid.Run("L02_ttft_tpot_sweep", {"dtype": "float32", "prompt_lengths": [128, 512], "repeats": 2}).run_id
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("lab: L02_ttft_tpot_sweep\n    parameters: {prompt_length: [128]}",
+     "Lab L02_ttft_tpot_sweep has no parameter 'prompt_length'; its parameters are: model, prompt_lengths"),
+    ("lab: L02_ttft_tpot_sweep\n    grid: {repeats: [3, '4']}", r"Lab L02_ttft_tpot_sweep: parameter repeats='4' should be a int"),
+    ("lab: L06_traffic_mix\n    grid: {agent_share: [0.2, 1.5]}",
+     "Lab L06_traffic_mix: parameter agent_share must be a fraction between 0 and 1, got 1.5"),
+    ("lab: L06_traffic_mix\n    parameters: {agent_tools: 40}", "Lab L06_traffic_mix: parameter agent_tools must be between 0 and 13, got 40"),
+    ("lab: L99_nothing", "Unknown lab 'L99_nothing'; the labs are: L01_capacity_planning"),
+    ("lab: L02_ttft_tpot_sweep\n    grid: {repeats: 3}", "grid axis 'repeats' must be a non-empty list"),
+])
+def test_bad_grids_are_refused_before_anything_runs(tmp_path, entry, message):
+    with pytest.raises(KVLabError, match=message):
+        grid.run_grid(write(tmp_path, f"runs:\n  - {entry}\n"), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_not_yaml_and_no_runs_are_one_sentence(tmp_path):
+    with pytest.raises(KVLabError, match="is not valid YAML"):
+        grid.load_grid(write(tmp_path, "runs: [\n"))
+    with pytest.raises(KVLabError, match="needs a non-empty list 'runs:'"):
+        grid.load_grid(write(tmp_path, "output: x\n"))
+
+
+@pytest.mark.notebook
+def test_grid_with_a_failing_entry_finishes_the_rest_and_resumes_only_that_entry(tmp_path, capsys):
+    grid_file = write(tmp_path, """
+runs:
+  - lab: L01_capacity_planning
+    parameters: {memory_gib: [24, 80], context_lengths: [8192, 32768]}
+    grid:
+      model: [Llama-3.1-8B, Llama-9, Qwen2.5-7B-Instruct]   # Llama-9 is no preset: that run fails at run time
+      kv_dtype: [bf16]
+""")
+    out = tmp_path / "out"
+    assert main(["labs", "run", str(grid_file), "--out", str(out)]) == 1
+    first = pd.read_csv(out / "runs.csv")
+    assert sorted(first.status) == ["failed", "ok", "ok"] and (first.action == "executed").all()
+    failed = first[first.status == "failed"].iloc[0]
+    assert "Unknown model preset 'Llama-9'" in failed.error
+    assert "FAILED" in capsys.readouterr().out
+    assert (out / "runs" / failed.run_id / "L01_capacity_planning.ipynb").exists()  # the executed notebook is kept
+
+    assert main(["labs", "run", str(grid_file), "--out", str(out)]) == 1  # second run: only the failed entry executes
+    second = pd.read_csv(out / "runs.csv").set_index("run_id")
+    assert second.loc[failed.run_id, "action"] == "executed"
+    assert (second.drop(index=failed.run_id).action == "skipped (done)").all()
+
+    assert main(["labs", "collect", str(out)]) == 0
+    table = pd.read_parquet(out / "collected" / "L01_capacity_planning.parquet")
+    assert set(table.param_model) == {"Llama-3.1-8B", "Qwen2.5-7B-Instruct"} and table.run_id.nunique() == 2
+    assert json.loads(table.param_memory_gib.iloc[0]) == [24, 80]
+    assert {"machine_cores usable", "machine_vllm", "max_sequences"} <= set(table.columns)
+    assert len(table) == 8 and (out / "collected" / "L01_capacity_planning.html").stat().st_size > 10_000
+    assert pd.read_csv(out / "collected" / "all.csv").shape[0] == 8
+
+
+def test_collect_of_an_empty_folder_says_what_to_do(tmp_path):
+    with pytest.raises(KVLabError, match="No runs found under .*; run a grid there first"):
+        grid.collect(tmp_path)
+
+
+def test_labs_list_shows_parameters_with_types_defaults_and_units(capsys):
+    assert main(["labs", "list"]) == 0
+    text = capsys.readouterr().out
+    assert "L06_traffic_mix" in text and "rate_per_s" in text and "requests per second" in text
+    assert "prompt_lengths           list   = [128, 512, 1024, 2048]" in text
+
+
+def test_example_grids_are_valid():
+    for path in (grid.labs.LAB_DIR / "grids").glob("*.yaml"):
+        runs, _ = grid.load_grid(path)
+        assert runs, path
