@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from nbgen import write_notebook
+from nbgen import exercise_cells, write_notebook
 
 CELLS = [
 ("md", """
@@ -58,20 +58,7 @@ out = kvlab.labs.output_dir("L01_capacity_planning", output_dir)
 kvlab.results.save_results(results, out, params, figures={"capacity.html": fig})
 print(f"wrote {len(results)} rows to {out}")
 """),
-("md", """
-## Exercises
-
-Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
-answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
-to look), without giving the answer away.
-"""),
-("code", """
-kvlab.exercises.show("L01")
-"""),
-("code", """
-answers = {"L01.1": None, "L01.2": None}  # replace None with your answers
-kvlab.exercises.check(answers, out)
-"""),
+*exercise_cells("L01"),
 ("md", """
 ## More to try
 

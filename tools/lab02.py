@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from nbgen import write_notebook
+from nbgen import exercise_cells, write_notebook
 
 CELLS = [
 ("md", """
@@ -73,20 +73,7 @@ kvlab.results.save_results(runs, out, params, engine_settings=llm.kvlab_settings
 kvlab.close_engine(llm)
 print(f"wrote {len(runs)} requests to {out}")
 """),
-("md", """
-## Exercises
-
-Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
-answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
-to look), without giving the answer away.
-"""),
-("code", """
-kvlab.exercises.show("L02")
-"""),
-("code", """
-answers = {"L02.1": None, "L02.2": None, "L02.3": None}  # replace None with your answers
-kvlab.exercises.check(answers, out)
-"""),
+*exercise_cells("L02"),
 ("md", """
 ## More to try
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from nbgen import write_notebook
+from nbgen import exercise_cells, write_notebook
 
 CELLS = [
 ("md", """
@@ -75,20 +75,7 @@ kvlab.results.save_results(results, out, params, engine_settings={"configs": {k:
                            tables={"tokens.parquet": pd.concat(all_tokens)}, figures={"tradeoff.html": fig})
 print(f"wrote {len(results)} configurations to {out}")
 """),
-("md", """
-## Exercises
-
-Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
-answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
-to look), without giving the answer away.
-"""),
-("code", """
-kvlab.exercises.show("L04")
-"""),
-("code", """
-answers = {"L04.1": None, "L04.2": None}  # replace None with your answers
-kvlab.exercises.check(answers, out)
-"""),
+*exercise_cells("L04"),
 ("md", """
 ## More to try
 

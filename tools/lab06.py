@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from nbgen import write_notebook
+from nbgen import exercise_cells, write_notebook
 
 CELLS = [
 ("md", """
@@ -69,7 +69,7 @@ summary = pd.DataFrame([{"mix": n} | traffic.summary(df, boards[n]["wall_s"]) fo
 summary.round(1)
 """),
 ("code", """
-fig = kvlab.plots.bad_dashboard(runs, window_s=2.0)
+fig = kvlab.plots.bad_dashboard(runs, window_s=5.0)
 fig.show()
 """),
 ("md", """
@@ -85,20 +85,7 @@ kvlab.results.save_results(results, out, params, engine_settings=settings,
                            figures={"dashboard.html": fig})
 print(f"wrote {len(results)} requests to {out}")
 """),
-("md", """
-## Exercises
-
-Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
-answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
-to look), without giving the answer away.
-"""),
-("code", """
-kvlab.exercises.show("L06")
-"""),
-("code", """
-answers = {"L06.1": None, "L06.2": None, "L06.3": None}  # replace None with your answers
-kvlab.exercises.check(answers, out)
-"""),
+*exercise_cells("L06"),
 ("md", """
 ## More to try
 

@@ -125,8 +125,8 @@ Two traffic mixes, the same number of requests arriving at the same steady rate,
 - **chat + agents** — a share of the requests are turns of agent loops; each turn resends the whole conversation
   plus a tool's JSON result and the documents it retrieved, so the prompt grows every turn.
 
-A panel of *tokens per second* shows the demand: the same either way. The TTFT percentiles and the prompt-token count
-tell the real story.
+A panel of *tokens per second* (averaged over a few seconds per point, as a dashboard's `rate()` does) follows the
+demand: about the same either way. The TTFT percentiles and the prompt tokens sent per second tell the real story.
 """),
 ("code", """
 n_requests, rate = kvlab.pick(40, 12), kvlab.pick(1.0, 1.5)
@@ -140,7 +140,8 @@ mix_summary = pd.DataFrame({name: traffic.summary(df, boards[name]["wall_s"]) fo
 mix_summary.round(1)
 """),
 ("keyfig", """
-fig = kvlab.plots.bad_dashboard(runs, window_s=2.0)
+window = kvlab.pick(5.0, 4.0)  # seconds per point, like a dashboard's rate() over a window
+fig = kvlab.plots.bad_dashboard(runs, window_s=window)
 fig.show()
 """),
 ("code", """
@@ -174,7 +175,8 @@ history again and TTFT grows with it. The second server is started without prefi
 ("code", """
 storm_turns = kvlab.pick(8, 4)
 storm = {"prefix caching on": traffic.agent_storm(server, traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7), 16)}
-server = serving.start_server(enforce_eager=kvlab.quick(), enable_prefix_caching=False)
+first_pids = [p.pid for p in server.processes()]
+server = serving.start_server(enforce_eager=kvlab.quick(), enable_prefix_caching=False)  # stops the first one
 storm["prefix caching off"] = traffic.agent_storm(server, traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7), 16)
 storms = pd.concat([df.assign(setting=name) for name, df in storm.items()], ignore_index=True)
 storms.pivot(index="turn", columns="setting", values=["prompt_tokens", "cached_tokens", "ttft_s"]).round(3)
@@ -211,10 +213,11 @@ print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft
 ("md", """
 ## 8. Stop the server
 
-Nothing may keep running after a lesson: stop the server and check that none of its processes is left.
+Nothing may keep running after a lesson: stop the server and check that none of the processes of either server
+(section 6 replaced the first one) is left.
 """),
 ("code", """
-pids = [p.pid for p in server.processes()]
+pids = first_pids + [p.pid for p in server.processes()]
 serving.stop_all()
 import psutil
 

@@ -31,3 +31,21 @@ def write_notebook(path: Path, cells: list[tuple[str, str]], parameters: str | N
     nb.cells = out
     nbformat.validate(nb)
     path.write_text(nbformat.writes(nb) + "\n")
+
+
+def exercise_cells(lab: str) -> list[tuple[str, str]]:
+    """The checked exercises every lab ends with: the questions (from ``kvlab.exercises``) and an answers cell."""
+    from kvlab.exercises import questions
+
+    answers = ", ".join(f'"{q.qid}": None' for q in questions(lab))
+    return [
+        ("md", """
+## Exercises
+
+Answer from **your** numbers above — the tables, the plot, the files in `out` — not from the lessons' prose. Put each
+answer in `answers` and run the check: it says whether your reading agrees with this run's data (and, if not, where
+to look), without giving the answer away.
+"""),
+        ("code", f'kvlab.exercises.show("{lab}")'),
+        ("code", f"answers = {{{answers}}}  # replace None with your answers\nkvlab.exercises.check(answers, out)"),
+    ]
