@@ -156,6 +156,15 @@ assert p95_ratio >= 2, p95_ratio
 assert tps_change < p95_ratio - 1, (tps_change, p95_ratio)
 """),
 ("md", """
+The same two runs as the server's own `/metrics` tells them — what the operations dashboard would plot: histogram
+percentiles, prefix-cache hits, and the KV cache usage and waiting queue sampled every half second during the run.
+"""),
+("code", """
+columns = ["requests", "prompt tokens", "output tokens/s", "TTFT p50 (ms)", "TTFT p95 (ms)", "ITL p95 (ms)",
+           "prefix cache hit rate", "KV cache usage (peak)", "requests waiting (peak)"]
+pd.DataFrame(boards).T.reindex(columns=columns).round(3)
+"""),
+("md", """
 Who waited? Per request kind, with prompt and output tokens logged apart: the slow first tokens belong to long
 prompts — and to the chats that arrived while one was being prefilled. Decode speed (TPOT) barely moved: a TTFT spike
 with unchanged decode speed is a prefill/queue story, not "the machine got slower".
