@@ -69,6 +69,17 @@ def engine_defaults(quick: bool | None = None) -> dict[str, Any]:
     return defaults
 
 
+def engine_arguments(**engine_args: Any) -> dict[str, Any]:
+    """The platform defaults overridden by ``engine_args``, with ``kv_cache_gib=`` turned into
+    ``kv_cache_memory_bytes``: what ``make_engine`` and ``serving.Server`` both start vLLM with."""
+    if "kv_cache_gib" in engine_args:
+        gib = engine_args.pop("kv_cache_gib")
+        if not isinstance(gib, (int, float)) or isinstance(gib, bool) or gib <= 0:
+            raise KVLabError(f"kv_cache_gib={gib!r} must be a positive number of GiB.")
+        engine_args["kv_cache_memory_bytes"] = int(gib * 2**30)
+    return engine_defaults() | engine_args
+
+
 def make_engine(model: str | None = None, **engine_args: Any) -> LLM:
     """Build a vLLM ``LLM`` for ``model`` (default: ``KVLAB_MODEL`` or SmolLM2-135M-Instruct).
 
@@ -77,12 +88,7 @@ def make_engine(model: str | None = None, **engine_args: Any) -> LLM:
     Start-up failures become a one-sentence :class:`KVLabError`; the full log is in ``log_path()``.
     """
     target = resolve_model(model)
-    if "kv_cache_gib" in engine_args:
-        gib = engine_args.pop("kv_cache_gib")
-        if not isinstance(gib, (int, float)) or gib <= 0:
-            raise KVLabError(f"kv_cache_gib={gib!r} must be a positive number of GiB.")
-        engine_args["kv_cache_memory_bytes"] = int(gib * 2**30)
-    args = engine_defaults() | engine_args
+    args = engine_arguments(**engine_args)
     vllm = import_vllm()
     try:
         with quiet():

@@ -157,6 +157,17 @@ def run_grid(grid_file: str | Path, out: str | Path | None = None, progress: boo
     return table
 
 
+def finished_runs(out: Path) -> list[tuple[dict[str, Any], Path]]:
+    """(status, results folder) of every run under ``out`` that finished ``ok`` and wrote results."""
+    done = []
+    for st_path in sorted((out / "runs").glob("*/status.json")):
+        st = json.loads(st_path.read_text())
+        results = st_path.parent / "results"
+        if st.get("status") == "ok" and (results / "results.parquet").is_file():
+            done.append((st, results))
+    return done
+
+
 def varying(params: pd.Series) -> list[str]:
     """Parameter names whose values differ between the runs of one lab (what a comparison is about)."""
     frame = pd.DataFrame(list(params)).map(lambda v: json.dumps(v, sort_keys=True))
@@ -171,14 +182,11 @@ def collect(out: str | Path) -> dict[str, pd.DataFrame]:
     from kvlab.plots import lab_comparison
 
     out = Path(out).expanduser().resolve()
-    statuses = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/status.json"))] if (out / "runs").is_dir() else []
-    if not statuses:
+    if not list((out / "runs").glob("*/status.json")):
         raise KVLabError(f"No runs found under {out}; run a grid there first (kvlab labs run GRID.yaml --out {out}).")
+    done = finished_runs(out)
     per_lab: dict[str, list[pd.DataFrame]] = {}
-    for st in statuses:
-        results = out / "runs" / st["run_id"] / "results"
-        if st.get("status") != "ok" or not (results / "results.parquet").is_file():
-            continue
+    for st, results in done:
         df = pd.read_parquet(results / "results.parquet")
         meta = json.loads((results / "metadata.json").read_text()) if (results / "metadata.json").is_file() else {}
         params = meta.get("parameters", st["parameters"])
@@ -196,7 +204,7 @@ def collect(out: str | Path) -> dict[str, pd.DataFrame]:
     for lab, table in tables.items():
         table.to_csv(target / f"{lab}.csv", index=False)
         table.to_parquet(target / f"{lab}.parquet", index=False)
-        runs_params = pd.Series([s["parameters"] for s in statuses if s["lab"] == lab and s.get("status") == "ok"])
+        runs_params = pd.Series([st["parameters"] for st, _ in done if st["lab"] == lab])
         fig = lab_comparison(lab, table, varying(runs_params) if len(runs_params) > 1 else [])
         if fig is not None:
             fig.write_html(target / f"{lab}.html", include_plotlyjs=True)
@@ -212,11 +220,7 @@ def publish_reference(out: str | Path, dest: str | Path) -> list[Path]:
 
     out, dest = Path(out).expanduser().resolve(), Path(dest).expanduser().resolve()
     written = []
-    for st_path in sorted((out / "runs").glob("*/status.json")):
-        st = json.loads(st_path.read_text())
-        results = st_path.parent / "results"
-        if st.get("status") != "ok" or not results.is_dir():
-            continue
+    for st, results in finished_runs(out):
         target = dest / st["lab"]
         if target.exists():
             shutil.rmtree(target)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab import config
-from kvlab.engine import engine_defaults
+from kvlab.engine import engine_arguments
 from kvlab.errors import KVLabError
 from kvlab.model import resolve_model
 
@@ -79,9 +79,7 @@ class Server:
                  timeout_s: float = 300.0, **engine_args: Any) -> None:
         self.model = resolve_model(model)
         self.host, self.timeout_s = host, timeout_s
-        if "kv_cache_gib" in engine_args:
-            engine_args["kv_cache_memory_bytes"] = int(engine_args.pop("kv_cache_gib") * 2**30)
-        self.engine_args = engine_defaults() | engine_args
+        self.engine_args = engine_arguments(**engine_args)
         self.port = port or free_port(host)
         self.proc: subprocess.Popen | None = None
         self.log_file = config.build_dir() / "logs" / f"server-{os.getpid()}-{self.port}.log"
@@ -212,6 +210,18 @@ def stop_all() -> None:
 
 
 atexit.register(stop_all)
+
+
+def running_servers() -> list[Any]:
+    """Every vLLM API server process on this machine, whoever started it (psutil processes): leftovers are a bug."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if SERVER_MODULE in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+    return found
 
 
 def stream_chat(client: Any, messages: list[dict[str, str]], max_tokens: int, label: str = "",

@@ -12,6 +12,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,16 +77,20 @@ def traffic_mix(tokenizer: Any, requests: int, agent_share: float, turns: int, g
     return out
 
 
-def run_session(client: Any, session: Session, max_tokens: int, t_origin: float, index: int) -> list[dict[str, Any]]:
-    """Send a session's turns one after another (an agent waits for each reply before its next prompt)."""
+def session_turns(client: Any, session: Session, max_tokens: int, t_origin: float | None = None) -> Iterator[dict[str, Any]]:
+    """Send a session's turns one after another, yielding each turn's timing row: an agent waits for each reply, then
+    its next prompt is everything so far plus the reply and that turn's tool result."""
     messages = list(session.messages)
-    rows = []
     for turn in range(session.turns):
         row = stream_chat(client, messages, max_tokens, label=session.kind, t_origin=t_origin)
-        rows.append(row | {"kind": session.kind, "session": index, "turn": turn + 1})
+        yield row | {"kind": session.kind, "turn": turn + 1}
         if turn < session.turns - 1:
             messages += [{"role": "assistant", "content": row["text"]}, {"role": "user", "content": session.growth[turn]}]
-    return rows
+
+
+def run_session(client: Any, session: Session, max_tokens: int, t_origin: float, index: int) -> list[dict[str, Any]]:
+    """All of a session's turns, each row tagged with the session's index."""
+    return [row | {"session": index} for row in session_turns(client, session, max_tokens, t_origin)]
 
 
 def start_times(sessions: list[Session], rate_per_s: float) -> list[float]:
@@ -202,16 +207,14 @@ def client_vs_engine(server: Server, sessions: list[Session], max_tokens: int, s
 
 
 def agent_storm(server: Server, session: Session, max_tokens: int) -> pd.DataFrame:
-    """One agent loop alone: TTFT, prompt tokens and prompt tokens served from the prefix cache, per turn."""
-    client = server.client()
+    """One agent loop alone: TTFT, prompt tokens and prompt tokens served from the prefix cache, per turn (the
+    server's counters read after each turn, so each delta is that turn's)."""
     rows = []
-    messages = list(session.messages)
-    for turn in range(session.turns):
-        before = metrics.scrape(server.url)
-        row = stream_chat(client, messages, max_tokens, label="agent")
-        d = metrics.delta(before, metrics.scrape(server.url))
-        rows.append({"turn": turn + 1, "prompt_tokens": row["prompt_tokens"], "output_tokens": row["output_tokens"],
+    before = metrics.scrape(server.url)
+    for row in session_turns(server.client(), session, max_tokens):
+        after = metrics.scrape(server.url)
+        d = metrics.delta(before, after)
+        before = after
+        rows.append({"turn": row["turn"], "prompt_tokens": row["prompt_tokens"], "output_tokens": row["output_tokens"],
                      "cached_tokens": d.get("vllm:prompt_tokens_cached_total", 0.0), "ttft_s": row["ttft_s"], "tpot_s": row["tpot_s"]})
-        if turn < session.turns - 1:
-            messages += [{"role": "assistant", "content": row["text"]}, {"role": "user", "content": session.growth[turn]}]
     return pd.DataFrame(rows)

@@ -29,9 +29,9 @@ def model_dir():
 
 def pytest_sessionfinish(session, exitstatus):
     """No vLLM server may outlive the tests or notebooks that started it: fail the run if one did."""
-    import psutil
+    from kvlab.serving import running_servers
 
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])]
+    left = [p.pid for p in running_servers()]
     if left:
         print(f"\nvLLM server processes left running after the tests: {left}")
         session.exitstatus = 1

@@ -6,20 +6,10 @@ import math
 import socket
 
 import pandas as pd
-import psutil
 import pytest
 
 from kvlab import labs, metrics, serving, traffic
 from kvlab.errors import KVLabError
-
-
-def server_processes() -> list[psutil.Process]:
-    """Every vLLM API server process on this machine (leftovers are a bug)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if serving.SERVER_MODULE in " ".join(p.info["cmdline"] or []):
-            found.append(p)
-    return found
 
 
 def test_engine_arguments_become_server_flags():
@@ -91,14 +81,14 @@ def test_server_that_exits_at_start_reports_its_log_and_leaves_nothing():
     with pytest.raises(KVLabError, match=r"(?s)exited during start-up.*last log lines.*max_model_len|max model len") as err:
         serving.Server(max_model_len=1_000_000, enforce_eager=True).start()
     assert "Traceback" not in str(err.value).splitlines()[0]
-    assert not server_processes() and not serving._LIVE
+    assert not serving.running_servers() and not serving._LIVE
 
 
 @pytest.mark.notebook
 def test_server_not_healthy_in_time_is_stopped():
     with pytest.raises(KVLabError, match=r"not healthy within 3 s, so it was stopped; raise timeout_s="):
         serving.Server(timeout_s=3, enforce_eager=True).start()
-    assert not server_processes() and not serving._LIVE
+    assert not serving.running_servers() and not serving._LIVE
 
 
 @pytest.mark.notebook
@@ -109,7 +99,7 @@ def test_lab_l06_traffic_mix(tmp_path):
     pm.execute_notebook(str(labs.lab_path("L06_traffic_mix")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
                         parameters={"requests": 12, "agent_share": 0.25, "agent_turns": 3, "growth_tokens": 300,
                                     "rate_per_s": 1.5, "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
-    assert not server_processes()
+    assert not serving.running_servers()
     df = pd.read_parquet(out / "results.parquet")
     assert set(df.mix) == {"chat only", "chat + agents"} and (df.groupby("mix").size() == 12).all()
     assert (df.output_tokens == 24).all() and {"prompt_tokens", "ttft_s", "tpot_s", "kind", "turn"} <= set(df.columns)
