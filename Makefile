@@ -1,17 +1,22 @@
 # KV Lab. The two commands of the README:
 #   make course   set everything up, execute every notebook headless, write build/index.html
-#   make test     set everything up, run all tests (quick mode)
+#   make test     set everything up (with the dev and ray extras), run all tests (quick mode)
 # and `make lab` opens JupyterLab on the course (127.0.0.1 only).
 
 VENV := .venv
 BIN := $(VENV)/bin
 export KVLAB_BUILD_DIR ?= $(CURDIR)/build
+NOTEBOOKS := notebooks/*.ipynb labs/*.ipynb instructors/*.ipynb
 
-.PHONY: course test setup browser lab lint format clean
+.PHONY: course preview test setup browser lab sync lint lock compare-vllm clean
 
 course: setup
 	$(BIN)/kvlab build
 
+preview: setup  ## the course's pages from the notebooks as written, no execution: prose and links in seconds
+	$(BIN)/kvlab build --no-run --out $(KVLAB_BUILD_DIR)/preview
+
+test: export KVLAB_EXTRAS = dev,ray
 test: setup browser
 	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax
 
@@ -24,8 +29,18 @@ browser:
 lab: setup
 	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser --notebook-dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
+sync: setup  ## after editing a notebook or its .py outside JupyterLab: bring each pair in step (the newer side wins)
+	$(BIN)/jupytext --sync $(NOTEBOOKS)
+
+lint: export KVLAB_EXTRAS = dev
 lint: setup
-	$(BIN)/ruff check kvlab tests tools
+	$(BIN)/ruff check kvlab tests benchmarks notebooks labs instructors
+
+lock:  ## after changing a dependency in pyproject.toml
+	bash scripts/lock.sh
+
+compare-vllm: setup  ## kvlab's TTFT/TPOT against `vllm bench latency` on the same settings
+	$(BIN)/python benchmarks/compare_vllm_bench.py
 
 clean:
 	rm -rf build

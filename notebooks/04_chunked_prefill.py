@@ -1,36 +1,37 @@
-"""Source of notebooks/04_chunked_prefill.ipynb (run: python tools/lesson04.py)."""
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
 
-from pathlib import Path
+# %% [markdown]
+# # 04 · Chunked prefill — who waits for whom
+#
+# An engine runs one step at a time, and every running request shares it. A long prefill — a document ingest, a RAG prompt
+# — is a lot of work for one step: while it runs, every user who is streaming an answer waits for their next token.
+# **Chunked prefill** splits a long prompt into pieces of at most `max_num_batched_tokens` tokens per step, so the
+# decoders' tokens keep flowing between pieces. The price: the long prompt itself takes more steps to its first token.
+#
+# You will measure that trade-off on a real engine: a few chat users streaming, one long prompt arriving mid-stream,
+# with chunked prefill off and with several token budgets; then a short prompt stuck behind a long one.
 
-from nbgen import write_notebook
-
-CELLS = [
-("md", """
-# 04 · Chunked prefill — who waits for whom
-
-An engine runs one step at a time, and every running request shares it. A long prefill — a document ingest, a RAG prompt
-— is a lot of work for one step: while it runs, every user who is streaming an answer waits for their next token.
-**Chunked prefill** splits a long prompt into pieces of at most `max_num_batched_tokens` tokens per step, so the
-decoders' tokens keep flowing between pieces. The price: the long prompt itself takes more steps to its first token.
-
-You will measure that trade-off on a real engine: a few chat users streaming, one long prompt arriving mid-stream,
-with chunked prefill off and with several token budgets; then a short prompt stuck behind a long one.
-"""),
-("code", """
+# %%
 import kvlab
 
 kvlab.setup_notebook()
 env = kvlab.print_env()
-"""),
-("md", """
-## 1. The workload
 
-`kvlab.workload` drives the engine step by step, the way a server's engine loop does: before each step it admits the
-requests whose arrival time has come; after each step it timestamps every new token. Several **decoders** (short chat
-prompts, long answers) start at t = 0; the **long prompt** arrives a moment later. Every configuration below runs the same
-workload on its own engine — eager mode, since we compare scheduling, not kernels.
-"""),
-("code", """
+# %% [markdown]
+# ## 1. The workload
+#
+# `kvlab.workload` drives the engine step by step, the way a server's engine loop does: before each step it admits the
+# requests whose arrival time has come; after each step it timestamps every new token. Several **decoders** (short chat
+# prompts, long answers) start at t = 0; the **long prompt** arrives a moment later. Every configuration below runs the same
+# workload on its own engine — eager mode, since we compare scheduling, not kernels.
+
+# %%
 from transformers import AutoTokenizer
 
 from kvlab import workload
@@ -44,14 +45,14 @@ configs |= {f"chunks of {b}": {"enable_chunked_prefill": True, "max_num_batched_
 configs[f"chunks of {max(budgets)} + long threshold 256"] = {"enable_chunked_prefill": True, "max_num_batched_tokens": max(budgets),
                                                              "long_prefill_token_threshold": 256}
 print(f"{decoders} decoders × {decoder_tokens} tokens from t=0; a {long_tokens:,}-token prompt at t={long_at} s; {len(configs)} engine configurations")
-"""),
-("md", """
-## 2. Run every configuration
 
-For each configuration: start its engine, run the interference workload and the short-behind-long workload (section 5),
-close the engine. A progress bar counts configurations.
-"""),
-("code", """
+# %% [markdown]
+# ## 2. Run every configuration
+#
+# For each configuration: start its engine, run the interference workload and the short-behind-long workload (section 5),
+# close the engine. A progress bar counts configurations.
+
+# %%
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -66,49 +67,49 @@ for name, args in tqdm(configs.items(), desc="configurations"):
     kvlab.close_engine(llm)
 summary = pd.DataFrame(results)
 summary.round(1)
-"""),
-("md", """
-## 3. The stall, token by token
 
-With chunked prefill off, the long prompt's whole prefill is one step: every decoder's next token waits for it.
-"""),
-("code", """
+# %% [markdown]
+# ## 3. The stall, token by token
+#
+# With chunked prefill off, the long prompt's whole prefill is one step: every decoder's next token waits for it.
+
+# %%
 kvlab.plots.token_timeline(*timelines["chunked off"], "Chunked prefill off: decoders stop while the long prompt is prefilled").show()
 smallest = f"chunks of {min(budgets)}"
 kvlab.plots.token_timeline(*timelines[smallest], f"Chunked prefill, {min(budgets)}-token budget: decoders keep going").show()
-"""),
-("md", """
-## 4. The trade-off curve
 
-Each point is one configuration: how long the long prompt waited for its first token, against how long the decoders'
-worst gaps were while it was being prefilled.
-"""),
-("keyfig", """
+# %% [markdown]
+# ## 4. The trade-off curve
+#
+# Each point is one configuration: how long the long prompt waited for its first token, against how long the decoders'
+# worst gaps were while it was being prefilled.
+
+# %% tags=["key-figure"]
 kvlab.plots.tradeoff(summary).show()
 s = summary.set_index("config")
 off_max, small_max = s.decoder_itl_max_ms["chunked off"], s.decoder_itl_max_ms[smallest]
 print(f"decoders' worst gap: {off_max:.0f} ms with chunking off, {small_max:.0f} ms with {min(budgets)}-token chunks; "
       f"long prompt TTFT {s.long_ttft_ms['chunked off']:.0f} → {s.long_ttft_ms[smallest]:.0f} ms")
 assert small_max < off_max, (small_max, off_max)
-"""),
-("md", """
-## 5. A short prompt behind a long one
 
-Admission is a queue too. A long prompt arrives at t = 0, a short interactive one 50 ms later (its TTFT counts from its
-arrival). Without chunking the short one waits for the long prompt's whole prefill. Chunking alone does not save it
-either: the long prompt's chunks fill every step's token budget first. vLLM's `long_prefill_token_threshold` caps how
-many tokens of a *long* prompt one step may take, leaving room for short ones in the same step.
-"""),
-("code", """
+# %% [markdown]
+# ## 5. A short prompt behind a long one
+#
+# Admission is a queue too. A long prompt arrives at t = 0, a short interactive one 50 ms later (its TTFT counts from its
+# arrival). Without chunking the short one waits for the long prompt's whole prefill. Chunking alone does not save it
+# either: the long prompt's chunks fill every step's token budget first. vLLM's `long_prefill_token_threshold` caps how
+# many tokens of a *long* prompt one step may take, leaving room for short ones in the same step.
+
+# %%
 behind_df = pd.DataFrame(behind).set_index("config")
 behind_df.round(0)
-"""),
-("md", """
-## Summary
 
-Written from this run's numbers:
-"""),
-("code", """
+# %% [markdown]
+# ## Summary
+#
+# Written from this run's numbers:
+
+# %%
 from IPython.display import Markdown
 
 thr = [c for c in configs if "threshold" in c][0]
@@ -116,7 +117,7 @@ ttft_change = s.long_ttft_ms[smallest] / s.long_ttft_ms["chunked off"] - 1
 ttft_sentence = ("the decoders' gain is paid by the long request" if ttft_change > 0.05 else
                  "here the long request hardly paid for it — each chunk's step costs about what its tokens cost, so splitting adds little")
 big = f"chunks of {max(budgets)}"
-Markdown(f\"\"\"
+Markdown(f"""
 - With chunked prefill **off**, a {long_tokens:,}-token prompt arriving mid-stream froze {decoders} streaming users for up to
   **{off_max:.0f} ms** (their gaps before it: ~{s.decoder_itl_before_p50_ms['chunked off']:.0f} ms).
 - With **{min(budgets)}-token chunks** the worst gap fell to **{small_max:.0f} ms**, while the long prompt's TTFT went from
@@ -129,16 +130,11 @@ Mitigations, each tied to a number above: **cap interactive input length** (the 
 **send heavy jobs to a batch queue** or a separate pool (the decoders' worst gap exists only because they share the engine);
 **chunk** (smaller budget → shorter stalls, longer TTFT for the big request) and **cap long prefills per step**
 (the threshold lets short requests through); **summarize or split documents** before they reach the chat pool.
-\"\"\")
-"""),
-("md", """
-## Exercises
+""")
 
-1. Pick a budget for a product whose chat users must never see a gap over 300 ms. What TTFT does that give a 4k-token ingest?
-2. Why does the decoders' gap with chunking not fall to their normal pace? What else shares the step?
-3. Double the number of decoders. Which curve moves: the stall, the long prompt's TTFT, or both?
-"""),
-]
-
-if __name__ == "__main__":
-    write_notebook(Path(__file__).resolve().parents[1] / "notebooks" / "04_chunked_prefill.ipynb", CELLS)
+# %% [markdown]
+# ## Exercises
+#
+# 1. Pick a budget for a product whose chat users must never see a gap over 300 ms. What TTFT does that give a 4k-token ingest?
+# 2. Why does the decoders' gap with chunking not fall to their normal pace? What else shares the step?
+# 3. Double the number of decoders. Which curve moves: the stall, the long prompt's TTFT, or both?

@@ -1,0 +1,219 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Sizing the KV cache by hand — and proving it against the engine
+#
+# During generation, every layer keeps a **key** and a **value** vector for every token it has seen, so the next
+# token can attend to them without recomputing the past. That store is the **KV cache**. It is why a long
+# conversation costs memory even when nothing is being computed, and why context length and concurrency trade
+# against each other on a fixed card.
+#
+# In this lesson you will
+#
+# 1. size the KV cache with a formula you can do on paper — and see the classic mistake that makes it 4× too big;
+# 2. compare real models (MHA, GQA, MQA, sliding windows, MLA) and see how many users fit on an 80 GiB and a 141 GiB card;
+# 3. play with a calculator;
+# 4. **prove the formula against a live vLLM engine** — for three attention layouts of the same model;
+# 5. halve the cache with an fp8 KV cache, and check what that does to answers.
+
+# %%
+import kvlab
+
+kvlab.setup_notebook()
+env = kvlab.print_env()
+
+# %% [markdown]
+# ## 1. The formula
+#
+# For each token, each layer stores one K and one V vector per **KV head**:
+#
+# $$\text{KV bytes} = 2\,(K,V) \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim} \times \text{bytes per element} \times \text{tokens} \times \text{sequences}$$
+#
+# The seed example: a Llama-3.1-8B-like model — 32 layers, **8 KV heads**, head_dim 128 — in FP16, holding 16
+# sequences of 8,192 tokens each.
+
+# %%
+import pandas as pd
+
+from kvlab import sizing
+
+seed = sizing.KVArch(name="seed example", layers=32, query_heads=32, kv_heads=8, head_dim=128, attention="GQA")
+per_token = sizing.bytes_per_token(seed, "fp16")
+per_seq = sizing.kv_bytes(seed, 8192, "fp16")
+total = sizing.kv_bytes(seed, 8192, "fp16", sequences=16)
+pd.DataFrame({"step": ["2 × 32 layers × 8 KV heads × 128 × 2 B", "× 8,192 tokens", "× 16 sequences"],
+              "bytes": [per_token, per_seq, total],
+              "readable": [f"{per_token / 1024:.0f} KiB per token", f"{per_seq / 2**30:.2f} GiB per sequence", f"{total / 2**30:.1f} GiB in total"]})
+
+# %% [markdown]
+# ### The classic mistake: query heads instead of KV heads
+#
+# The model has **32 query heads** but only **8 KV heads**: grouped-query attention (GQA) lets 4 query heads share
+# one K/V head. Sizing with the query heads — an easy slip when reading `num_attention_heads` from a config — gives:
+
+# %%
+wrong = sizing.kv_bytes(seed, 8192, "fp16", sequences=16, use_query_heads=True)
+print(f"with KV heads:    {total / 2**30:5.1f} GiB")
+print(f"with query heads: {wrong / 2**30:5.1f} GiB  ({wrong / total:.0f}× too much: you would plan for a quarter of the users you can serve)")
+
+# %% [markdown]
+# ## 2. Real models
+#
+# The presets in `data/models/` are copied from each model's `config.json` (source named in each file). They cover
+# every way current models shrink their KV cache:
+#
+# - **MHA** (Llama-2-7B): one K/V head per query head — the expensive baseline;
+# - **GQA** (Llama-3.1, Mistral, Qwen2.5, Gemma-2, SmolLM2): a few K/V heads shared by groups of query heads;
+# - **MQA** (Falcon-7B): a single K/V head for all 71 query heads;
+# - **sliding windows** (Mistral-7B-v0.1 on every layer, Gemma-2 on every other layer): a layer keeps only the last 4,096 tokens;
+# - **MLA** (DeepSeek-V3): one compressed latent (512 + 64 values) per token and layer instead of K and V.
+
+# %%
+table = sizing.preset_table("bf16")
+table.round(3)
+
+# %%
+kvlab.plots.bytes_per_token_bar(table, "bf16").show()
+
+# %% [markdown]
+# ### How many sequences fit on one card?
+#
+# The engine's KV budget is what is left of the usable memory (90 %) after the weights. The chart below shows how many
+# full-context sequences fit at 8k, 32k and 128k tokens on an 80 GiB card (A100/H100) and a 141 GiB card (H200),
+# bf16 weights and KV, blocks of 16 tokens. Hatched bars are contexts beyond the model's own limit.
+
+# %%
+contexts, cards = [8192, 32768, 131072], [80, 141]
+grid = sizing.capacity_grid(sizing.list_presets(), cards, contexts)
+grid.pivot_table(index="model", columns=["memory_gib", "context"], values="max_sequences")
+
+# %%
+kvlab.plots.sequences_that_fit(grid).show()
+
+# %%
+from IPython.display import Markdown
+
+
+def fit(model, mem, ctx):
+    return int(grid.query("model == @model and memory_gib == @mem and context == @ctx").max_sequences.iloc[0])
+
+l8 = (fit("Llama-3.1-8B", 80, 8192), fit("Llama-3.1-8B", 80, 131072))
+Markdown(f"""**Long context destroys concurrency.** On an 80 GiB card, Llama-3.1-8B serves **{l8[0]}** users at 8k tokens
+but only **{l8[1]}** at 128k: every user who really fills a 128k context takes the KV memory of {l8[0] // max(l8[1], 1)}×
+8k users. Layout matters as much: at 32k, Falcon-7B (MQA) fits **{fit('Falcon-7B', 80, 32768)}** sequences where
+Llama-2-7B (MHA) would fit **{fit('Llama-2-7B', 80, 32768)}** — though 32k is far beyond what either model was trained for.
+Llama-3.1-70B and DeepSeek-V3 don't fit on one card in bf16 at all: their weights alone exceed it.""")
+
+# %% [markdown]
+# ## 3. A calculator
+#
+# Move the controls: the bar redraws with the memory split between weights, the KV cache you asked for, and
+# what is left. (This needs a live kernel; in the HTML export you see only its first state.)
+
+# %%
+kvlab.widgets.kv_calculator()
+
+# %% [markdown]
+# ## 4. Proving it against the engine
+#
+# The formula is a sketch until a real engine agrees. We give vLLM a **fixed 1 GiB KV budget** and read back how many
+# tokens it allocated, for the course model (GQA: 9 query heads, **3** KV heads) and for two random-weight copies
+# of it built locally that differ *only* in their KV heads: **MHA (9)** and **MQA (1)**. Same layers, same size; the
+# hand formula predicts 1/3× and 3× the capacity. The engine allocates whole blocks, so we allow one block of difference.
+#
+# Each engine starts in eager mode: we measure memory here, not speed.
+
+# %%
+from kvlab import experiments, model
+
+layouts = {"GQA (course model)": None, "MHA (9 KV heads)": str(model.prepare_kv_variant(9)), "MQA (1 KV head)": str(model.prepare_kv_variant(1))}
+rows = []
+for label, path in layouts.items():
+    row, _ = experiments.capacity_check(path, kv_cache_gib=1.0, dtype="bfloat16")
+    rows.append({"layout": label} | row)
+checks = pd.DataFrame(rows)
+checks[["layout", "kv_heads", "hand_bytes_per_token", "engine_bytes_per_token", "hand_tokens", "engine_tokens", "difference_blocks"]]
+
+# %%
+assert (checks.hand_bytes_per_token == checks.engine_bytes_per_token).all()
+assert (checks.difference_blocks.abs() <= 1).all(), "engine and hand formula disagree by more than one block"
+gqa = checks.engine_tokens[0]
+ratios = checks.engine_tokens / gqa
+assert abs(ratios[1] - 1 / 3) < 0.02 and abs(ratios[2] - 3) < 0.06, ratios
+print(f"MHA holds {ratios[1]:.3f}× and MQA {ratios[2]:.3f}× the tokens of GQA (formula: 0.333× and 3×).")
+
+# %% tags=["key-figure"]
+import plotly.express as px
+
+px.bar(checks, x="layout", y=["hand_tokens", "engine_tokens"], barmode="group",
+       title="Tokens of KV in a 1 GiB budget: hand formula vs vLLM's own report",
+       labels={"value": "tokens of KV cache", "variable": ""}).show()
+
+# %% [markdown]
+# ## 5. KV precision: fp8 halves the cache — what does it cost?
+#
+# Storing K and V in 8 bits instead of 16 halves the bytes per token, so the same budget holds twice the tokens.
+# First the capacity, then the seed's warning — *"enabling FP8 KV without task evals"* — made concrete: the same
+# fixed task set (short factual answers and JSON tool calls, each with its own check), greedy, with a bf16 and an
+# fp8 KV cache on the same bf16 model.
+
+# %%
+from kvlab import tasks
+
+base_row, base_llm = experiments.capacity_check(None, kv_cache_gib=1.0, dtype="bfloat16", keep=True)
+base_answers = tasks.run_tasks(base_llm)
+kvlab.close_engine(base_llm)
+fp8_row, fp8_llm = experiments.capacity_check(None, kv_cache_gib=1.0, dtype="bfloat16", kv_cache_dtype="fp8", keep=True)
+fp8_answers = tasks.run_tasks(fp8_llm)
+kvlab.close_engine(fp8_llm)
+capacity_ratio = fp8_row["engine_tokens"] / base_row["engine_tokens"]
+assert abs(fp8_row["difference_blocks"]) <= 1 and abs(capacity_ratio - 2) < 0.02, capacity_ratio
+print(f"bf16 KV: {base_row['engine_tokens']:,} tokens; fp8 KV: {fp8_row['engine_tokens']:,} tokens ({capacity_ratio:.2f}×)")
+
+# %%
+compared = tasks.compare_runs(base_answers, fp8_answers, "bf16 KV", "fp8 KV")
+pd.set_option("display.max_colwidth", 70)
+compared
+
+# %%
+n = len(compared)
+changed = int(compared.changed.sum())
+pass_base, pass_fp8 = int(compared["passes (bf16 KV)"].sum()), int(compared["passes (fp8 KV)"].sum())
+print(f"{changed} of {n} outputs changed; the task checks pass {pass_base}/{n} with bf16 KV and {pass_fp8}/{n} with fp8 KV.")
+
+# %% [markdown]
+# ## Summary
+#
+# Written from this run's numbers:
+
+# %%
+Markdown(f"""
+- The seed example (32 layers, 8 KV heads, head_dim 128, FP16) costs **{per_token / 1024:.0f} KiB per token**,
+  **{per_seq / 2**30:.0f} GiB per 8k sequence**, **{total / 2**30:.0f} GiB for 16 sequences**; sizing it with query heads
+  gives {wrong / 2**30:.0f} GiB, {wrong / total:.0f}× too much.
+- On an 80 GiB card, Llama-3.1-8B fits **{l8[0]}** sequences at 8k tokens and **{l8[1]}** at 128k.
+- The live engine agreed with the hand formula to within one block for GQA, MHA and MQA layouts of the course
+  model: {', '.join(f"{r.layout} {r.engine_tokens:,} tokens" for r in checks.itertuples())} in 1 GiB
+  (MHA {ratios[1]:.3f}×, MQA {ratios[2]:.3f}× of GQA).
+- An fp8 KV cache held **{capacity_ratio:.2f}×** the tokens of bf16. On the {n}-task set, **{changed}** outputs changed;
+  the checks passed {pass_base}/{n} (bf16 KV) and {pass_fp8}/{n} (fp8 KV). The capacity gain is certain; what it
+  does to answers is only known by running your own task checks.
+""")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. A colleague plans 40 users × 32k tokens of Qwen2.5-7B on one 80 GiB card. Use the calculator: does it fit in bf16?
+#    In fp8?
+# 2. Why does Mistral-7B-v0.1 fit the same number of sequences at 8k, 32k and 128k? What would you lose by serving it at 128k?
+# 3. Gemma-2-9B has fewer KV heads than Llama-2-7B but a larger `head_dim`. Compute its bytes per token by hand and
+#    check the table.
+# 4. Start an engine with `kvlab.experiments.capacity_check(None, kv_cache_gib=2.0, dtype="bfloat16")`. Predict the
+#    engine's token count before you run it.
+# 5. Look at the outputs that changed under fp8. At which token do they first differ? Would your application notice?

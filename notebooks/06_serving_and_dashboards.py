@@ -1,0 +1,267 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · The request's whole journey — serving, streaming, and reading a dashboard
+#
+# So far the engine ran inside this notebook. In production a request travels **Client → HTTP server (gateway) →
+# engine**: it is parsed, templated and tokenized, waits for a slot (queue), is prefilled (→ first token, the stream
+# starts), then decoded token by token, each token detokenized and sent back over HTTP.
+#
+# You will start vLLM's real OpenAI-compatible server on this machine, time requests as a client does, put that next
+# to the engine's own numbers from its Prometheus `/metrics`, and then build the dashboard that misleads: one where
+# tokens per second stays flat while agents' long prompts make users wait seconds for their first token.
+
+# %%
+import kvlab
+
+kvlab.setup_notebook()
+env = kvlab.print_env()
+
+# %% [markdown]
+# ## 1. Start a local server
+#
+# `kvlab.serving.start_server()` runs `python -m vllm.entrypoints.openai.api_server` with the course's engine settings,
+# bound to **127.0.0.1** on a free port, and waits until `/health` answers. Running this cell again stops the previous
+# server first; the server also stops when the kernel exits. Its log goes to a file, not here.
+
+# %%
+from kvlab import serving
+
+server = serving.start_server(enforce_eager=kvlab.quick())
+print(f"{server}\nhealthy after {server.start_s:.0f} s; log: {server.log_file.name}")
+
+# %% [markdown]
+# ## 2. One streamed request, as a client sees it
+#
+# The `openai` client streams the reply: one event per token or so. **TTFT** = send → first content event; **TPOT** =
+# the rest of the stream ÷ (output tokens − 1). Token counts come from the server's `usage` report — prompt and output
+# kept apart, always.
+
+# %%
+import pandas as pd
+
+from kvlab import traffic
+
+client = server.client()
+first = serving.stream_chat(client, traffic.chat_sessions(1)[0].messages, max_tokens=32)
+pd.DataFrame([first]).drop(columns=["events_s", "text"]).round(3)
+
+# %% [markdown]
+# ## 3. Client-side vs engine-side TTFT
+#
+# The engine reports each request's TTFT, queue and prefill time in its histograms. Sending requests **one at a time**
+# and reading `/metrics` around each one gives *that request's* engine numbers exactly (the histogram sums grow by one
+# observation). The client's TTFT also includes what happens outside the engine: HTTP, the chat template and
+# tokenization, detokenization and streaming the first event back.
+
+# %%
+from transformers import AutoTokenizer
+
+tok = AutoTokenizer.from_pretrained(kvlab.resolve_model())
+probe = traffic.chat_sessions(kvlab.pick(6, 3)) + [traffic.agent_session(tok, 1, 0, tools=1, seed=99)]
+side_by_side = traffic.client_vs_engine(server, probe, max_tokens=16)
+side_by_side[["kind", "prompt_tokens", "engine_queue_s", "engine_prefill_s", "engine_ttft_s", "client_ttft_s", "gap_ms"]].round(4)
+
+# %%
+import plotly.graph_objects as go
+
+sbs = side_by_side.assign(label=side_by_side.kind + " · " + side_by_side.prompt_tokens.astype(str) + " tok")
+fig = go.Figure()
+fig.add_bar(x=sbs.label, y=sbs.engine_queue_s * 1e3, name="engine: queue")
+fig.add_bar(x=sbs.label, y=(sbs.engine_ttft_s - sbs.engine_queue_s) * 1e3, name="engine: prefill → first token")
+fig.add_bar(x=sbs.label, y=sbs.gap_ms, name="outside the engine (HTTP, template, detokenize, stream)")
+fig.update_layout(barmode="stack", title="Client TTFT = engine TTFT + what happens outside the engine",
+                  xaxis_title="request (kind · prompt tokens)", yaxis_title="milliseconds")
+fig.show()
+assert (side_by_side.client_ttft_s >= side_by_side.engine_ttft_s).all(), side_by_side
+print(f"outside-the-engine share of client TTFT: median {side_by_side.gap_ms.median():.1f} ms, max {side_by_side.gap_ms.max():.1f} ms")
+
+# %% [markdown]
+# ## 4. What the server's `/metrics` says
+#
+# An operations dashboard (Grafana on Prometheus) plots these series. Counters and histograms only grow, so a run's
+# numbers are *after − before*. Here are the raw prefix-cache and KV series, then the dashboard numbers for the
+# requests of section 3 — and a cross-check: the histogram's p50 against the median the client measured. A dashboard's
+# percentile is *estimated* from bucket counts (interpolated inside the bucket, as Prometheus does), so it is only as
+# sharp as the bucket edges: a queue time of ~0 ms that lands in the first bucket (0–0.3 s) reads as 150 ms. The
+# mean (`_sum ÷ _count`) is exact.
+
+# %%
+from kvlab import metrics
+
+now = metrics.scrape(server.url)
+metrics.as_table(now, "cache")
+
+# %%
+before = metrics.scrape(server.url)
+rerun = traffic.client_vs_engine(server, probe, max_tokens=16)
+after = metrics.scrape(server.url)
+board = metrics.dashboard(before, after, seconds=rerun.client_e2e_s.sum())
+pd.Series(board).round(3).to_frame("this window")
+
+# %%
+ttft_buckets = metrics.buckets(metrics.delta(before, after), metrics.HISTOGRAMS["TTFT"])
+ttft_buckets["in bucket"] = ttft_buckets["count"].diff().fillna(ttft_buckets["count"])
+shown = ttft_buckets[ttft_buckets["le"] <= 20]
+fig = go.Figure(go.Bar(x=[f"≤ {le:g}" for le in shown["le"]], y=shown["in bucket"]))
+fig.update_layout(title="The engine's TTFT histogram for these requests (what a dashboard's heatmap is built from)",
+                  xaxis_title="TTFT bucket upper edge (seconds)", yaxis_title="requests")
+fig.show()
+print(f"TTFT p50: histogram estimate {board['TTFT p50 (ms)']:.0f} ms (only as sharp as the bucket edges) vs engine's own "
+      f"per-request median {rerun.engine_ttft_s.median() * 1e3:.0f} ms vs client median {rerun.client_ttft_s.median() * 1e3:.0f} ms; "
+      f"prefix cache hit rate {board['prefix cache hit rate']:.0%} (the same prompts, sent a second time)")
+
+# %% [markdown]
+# ## 5. The bad dashboard
+#
+# Two traffic mixes, the same number of requests arriving at the same steady rate, the same output tokens per request:
+#
+# - **chat only** — short questions;
+# - **chat + agents** — a share of the requests are turns of agent loops; each turn resends the whole conversation
+#   plus a tool's JSON result and the documents it retrieved, so the prompt grows every turn.
+#
+# A panel of *tokens per second* (averaged over a few seconds per point, as a dashboard's `rate()` does) follows the
+# demand: about the same either way. The TTFT percentiles and the prompt tokens sent per second tell the real story.
+
+# %%
+n_requests, rate = kvlab.pick(40, 12), kvlab.pick(1.0, 1.5)
+agent_turns, growth, out_tokens = kvlab.pick(5, 3), kvlab.pick(400, 300), 24
+mixes = {"chat only": traffic.traffic_mix(tok, n_requests, 0.0, agent_turns, growth, tools=1),
+         "chat + agents": traffic.traffic_mix(tok, n_requests, 0.25, agent_turns, growth, tools=1, seed=1)}
+runs, boards, gauges = {}, {}, {}
+for name, sessions in mixes.items():
+    runs[name], boards[name], gauges[name] = traffic.run_traffic(server, sessions, out_tokens, rate_per_s=rate)
+mix_summary = pd.DataFrame({name: traffic.summary(df, boards[name]["wall_s"]) for name, df in runs.items()}).T
+mix_summary.round(1)
+
+# %% tags=["key-figure"]
+window = kvlab.pick(5.0, 4.0)  # seconds per point, like a dashboard's rate() over a window
+fig = kvlab.plots.bad_dashboard(runs, window_s=window)
+fig.show()
+
+# %%
+chat, mixed = mix_summary.loc["chat only"], mix_summary.loc["chat + agents"]
+p95_ratio = mixed["TTFT p95 (ms)"] / chat["TTFT p95 (ms)"]
+tps_change = abs(mixed["output tokens/s (mean)"] / chat["output tokens/s (mean)"] - 1)
+print(f"output tokens/s: {chat['output tokens/s (mean)']:.1f} vs {mixed['output tokens/s (mean)']:.1f} ({tps_change:.0%} apart); "
+      f"TTFT p95: {chat['TTFT p95 (ms)']:.0f} vs {mixed['TTFT p95 (ms)']:.0f} ms ({p95_ratio:.1f}×); "
+      f"mean prompt tokens {chat['prompt tokens (mean)']:.0f} vs {mixed['prompt tokens (mean)']:.0f}, output tokens "
+      f"{chat['output tokens (mean)']:.0f} vs {mixed['output tokens (mean)']:.0f}")
+assert p95_ratio >= 2, p95_ratio
+assert tps_change < p95_ratio - 1, (tps_change, p95_ratio)
+
+# %% [markdown]
+# The same two runs as the server's own `/metrics` tells them — what the operations dashboard would plot: histogram
+# percentiles, prefix-cache hits, and the KV cache usage and waiting queue sampled every half second during the run.
+
+# %%
+columns = ["requests", "prompt tokens", "output tokens/s", "TTFT p50 (ms)", "TTFT p95 (ms)", "ITL p95 (ms)",
+           "prefix cache hit rate", "KV cache usage (peak)", "requests waiting (peak)"]
+pd.DataFrame(boards).T.reindex(columns=columns).round(3)
+
+# %% [markdown]
+# Who waited? Per request kind, with prompt and output tokens logged apart: the slow first tokens belong to long
+# prompts — and to the chats that arrived while one was being prefilled. Decode speed (TPOT) barely moved: a TTFT spike
+# with unchanged decode speed is a prefill/queue story, not "the machine got slower".
+
+# %%
+runs["chat + agents"].groupby("kind").agg(requests=("ttft_s", "size"), prompt_tokens=("prompt_tokens", "mean"),
+    output_tokens=("output_tokens", "mean"), ttft_p50_ms=("ttft_s", lambda s: s.median() * 1e3),
+    ttft_max_ms=("ttft_s", lambda s: s.max() * 1e3), tpot_p50_ms=("tpot_s", lambda s: s.median() * 1e3)).round(1)
+
+# %% [markdown]
+# ## 6. The agent's prefill storm
+#
+# One agent loop alone: each turn's prompt is everything so far. With **prefix caching** the engine reuses the KV of
+# the conversation up to the last full block and prefills only what is new; without it, every turn prefills the whole
+# history again and TTFT grows with it. The second server is started without prefix caching (the first one is stopped).
+
+# %%
+storm_turns = kvlab.pick(8, 4)
+storm = {"prefix caching on": traffic.agent_storm(server, traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7), 16)}
+first_pids = [p.pid for p in server.processes()]
+server = serving.start_server(enforce_eager=kvlab.quick(), enable_prefix_caching=False)  # stops the first one
+storm["prefix caching off"] = traffic.agent_storm(server, traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7), 16)
+storms = pd.concat([df.assign(setting=name) for name, df in storm.items()], ignore_index=True)
+storms.pivot(index="turn", columns="setting", values=["prompt_tokens", "cached_tokens", "ttft_s"]).round(3)
+
+# %%
+import plotly.express as px
+
+px.line(storms.assign(ttft_ms=storms.ttft_s * 1e3), x="prompt_tokens", y="ttft_ms", color="setting", markers=True,
+        title="Agent loop: TTFT per turn as the prompt grows", labels={"prompt_tokens": "prompt tokens at this turn",
+        "ttft_ms": "client TTFT (ms)"}).show()
+on, off = storm["prefix caching on"], storm["prefix caching off"]
+assert off.ttft_s.iloc[-1] > off.ttft_s.iloc[0] and off.ttft_s.iloc[-1] > on.ttft_s.iloc[-1]
+print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft_s.iloc[-1] * 1e3:.0f} ms without prefix caching, "
+      f"{on.ttft_s.iloc[-1] * 1e3:.0f} ms with ({on.cached_tokens.iloc[-1]:,.0f} tokens reused)")
+
+# %% [markdown]
+# ## 7. Failure modes, and where this course measured each
+#
+# | Failure mode | Measured in |
+# |---|---|
+# | A tokens/sec-only dashboard hides TTFT regressions from long agent prompts | [06 · 5. The bad dashboard](#5.-The-bad-dashboard) |
+# | Looking only at mean latency: blind to p95 prefill storms | [06 · 6. The agent's prefill storm](#6.-The-agent's-prefill-storm), [02 · 6. The client's view](02_prefill_vs_decode.ipynb#6.-The-client's-view:-a-token-by-token-stream) |
+# | Prompt and output tokens not logged apart: a TTFT spike blamed on "the GPU got slower" | [06 · 5. (per request kind)](#5.-The-bad-dashboard), [02 · 5. Where the time goes](02_prefill_vs_decode.ipynb#5.-Where-the-time-goes:-short-vs-long-prompts-×-output-lengths) |
+# | Client TTFT read as engine TTFT (HTTP, template, detokenization are outside the engine) | [06 · 3. Client-side vs engine-side TTFT](#3.-Client-side-vs-engine-side-TTFT) |
+# | KV cache sized by guesswork | [01 · 4. Proving it against the engine](01_kv_cache_by_hand.ipynb#4.-Proving-it-against-the-engine) |
+# | fp8 KV cache assumed free | [01 · 5. KV precision](01_kv_cache_by_hand.ipynb#5.-KV-precision:-fp8-halves-the-cache-—-what-does-it-cost?) |
+# | A timestamp or version at the start of the prompt breaks every prefix hit | [03 · 4. Token identity](03_prefix_caching.ipynb#4.-Token-identity:-what-breaks-a-hit) |
+# | Benchmarking prefix caching with unique synthetic prompts (zero benefit) | [03 · 5. Synthetic unique prompts](03_prefix_caching.ipynb#5.-Synthetic-unique-prompts:-zero-benefit) |
+# | One long prompt stalls every decoding user | [04 · 3. The stall, token by token](04_chunked_prefill.ipynb#3.-The-stall,-token-by-token) |
+# | A short request stuck behind a long one | [04 · 5. A short prompt behind a long one](04_chunked_prefill.ipynb#5.-A-short-prompt-behind-a-long-one) |
+# | Bigger batches bought with every user's latency | [05 · 1. Offline batches](05_batching.ipynb#1.-Offline-batches) |
+# | KV cache full: queueing and preemption | [05 · 3. When the KV cache caps the batch](05_batching.ipynb#3.-When-the-KV-cache-caps-the-batch) |
+
+# %% [markdown]
+# ## 8. Stop the server
+#
+# Nothing may keep running after a lesson: stop the server and check that none of the processes of either server
+# (section 6 replaced the first one) is left.
+
+# %%
+pids = first_pids + [p.pid for p in server.processes()]
+serving.stop_all()
+import psutil
+
+left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+print(f"stopped {len(pids)} server processes; still running: {left or 'none'}")
+assert not left
+
+# %% [markdown]
+# ## Summary
+#
+# Written from this run's numbers:
+
+# %%
+from IPython.display import Markdown
+
+Markdown(f"""
+- Client TTFT was at least the engine's TTFT for all {len(side_by_side)} requests; the part outside the engine (HTTP, chat
+  template and tokenization, detokenization, streaming) was {side_by_side.gap_ms.median():.1f} ms at the median.
+- The server's `/metrics` put the TTFT p50 at {board['TTFT p50 (ms)']:.0f} ms (histogram estimate) against the engine's per-request
+  median of {rerun.engine_ttft_s.median() * 1e3:.0f} ms; the repeated prompts hit the prefix cache at {board['prefix cache hit rate']:.0%}.
+- Same request rate, same output lengths: output tokens/s {chat['output tokens/s (mean)']:.1f} (chat only) vs
+  {mixed['output tokens/s (mean)']:.1f} (with agents) — {tps_change:.0%} apart — while TTFT p95 went {chat['TTFT p95 (ms)']:.0f} →
+  {mixed['TTFT p95 (ms)']:.0f} ms (**{p95_ratio:.1f}×**) and the mean prompt grew {chat['prompt tokens (mean)']:.0f} →
+  {mixed['prompt tokens (mean)']:.0f} tokens.
+- An agent's {storm_turns}-turn loop reached {off.prompt_tokens.iloc[-1]:,} prompt tokens: last-turn TTFT
+  {off.ttft_s.iloc[-1] * 1e3:.0f} ms without prefix caching, {on.ttft_s.iloc[-1] * 1e3:.0f} ms with it.
+""")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Raise the agents' share to 0.5 (lab `L06_traffic_mix`). Does output tokens/s still look flat? At what share does the
+#    server stop keeping up — and what does the tokens/sec panel show then?
+# 2. Section 3's gap is a few milliseconds on this machine. Send 8 requests at once instead of one at a time: what
+#    happens to the client-side TTFT, and why can't the per-request engine numbers be read from `/metrics` any more?
+# 3. Write the alert rule you would put on this service: which metric, which percentile, which threshold — and check it
+#    would have fired on section 5's mixed traffic but not on chat only.
