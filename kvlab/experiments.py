@@ -34,8 +34,9 @@ def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: s
                    kv_cache_dtype: str = "auto", keep: bool = False, **engine_args: Any) -> tuple[dict[str, Any], Any]:
     """Start an engine with a fixed KV budget and compare its reported capacity with the hand formula.
 
-    Returns one tidy row (hand vs engine bytes/token and tokens, difference in blocks) and the engine
-    if ``keep`` (else it is closed). Eager mode: this measures memory, not speed, so no compile wait.
+    Returns one tidy row — hand vs engine bytes/token, blocks, tokens and (for sliding-window layers, where vLLM
+    reserves more than the window) sequences of ``max_model_len`` that fit, as ``sizing.vllm_kv_plan`` computes
+    them — and the engine if ``keep`` (else it is closed). Eager mode: this measures memory, not speed.
     """
     from kvlab import sizing
     from kvlab.engine import close_engine, kv_capacity, make_engine
@@ -46,14 +47,25 @@ def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: s
     llm = make_engine(path, kv_cache_gib=kv_cache_gib, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                       **({"enforce_eager": True, "max_model_len": 2048} | engine_args))
     cap = kv_capacity(llm)
+    vcfg = llm.llm_engine.vllm_config
     kv_dtype = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     per_token = sizing.bytes_per_token(arch, kv_dtype)
     budget = kv_cache_gib * sizing.GiB
-    hand_tokens = int(budget // (per_token * cap.block_size)) * cap.block_size  # whole blocks only
+    step_tokens = int(vcfg.scheduler_config.max_num_batched_tokens)
+    plan = sizing.vllm_kv_plan(arch, budget, cap.max_model_len, kv_dtype, cap.block_size, step_tokens,
+                               vcfg.max_concurrent_batches)
+    engine_blocks_per_request = cap.num_blocks / cap.max_concurrency
     row = {"model": arch.name, "attention": arch.attention, "kv_heads": arch.kv_heads, "kv_dtype": kv_dtype,
+           "sliding_layers": arch.sliding_layers, "sliding_window": arch.sliding_window or 0,
+           "max_model_len": cap.max_model_len, "max_num_batched_tokens": step_tokens,
            "hand_bytes_per_token": per_token, "engine_bytes_per_token": cap.bytes_per_token,
-           "hand_tokens": hand_tokens, "engine_tokens": cap.tokens, "engine_blocks": cap.num_blocks,
-           "block_size": cap.block_size, "difference_blocks": (cap.tokens - hand_tokens) / cap.block_size}
+           "hand_blocks": plan.num_blocks, "engine_blocks": cap.num_blocks, "block_size": cap.block_size,
+           "hand_tokens": plan.num_blocks * cap.block_size, "engine_tokens": cap.num_blocks * cap.block_size,
+           "difference_blocks": cap.num_blocks - plan.num_blocks,
+           "hand_blocks_per_request": plan.blocks_per_request, "engine_blocks_per_request": engine_blocks_per_request,
+           "ideal_blocks_per_request": plan.ideal_blocks_per_request,
+           "hand_max_concurrency": plan.max_concurrency, "engine_max_concurrency": cap.max_concurrency,
+           "ideal_max_concurrency": plan.num_blocks / plan.ideal_blocks_per_request}
     if keep:
         return row, llm
     close_engine(llm)

@@ -13,7 +13,9 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kvlab import config
 from kvlab.errors import KVLabError
@@ -151,6 +153,8 @@ def resolve_model(name: str | None = None) -> str:
     name = (name or config.model_name()).strip()
     if name.lower() in {config.DEFAULT_MODEL.lower(), "default"}:
         return str(prepare_default_model())
+    if name.lower() == SECOND_MODEL.lower():
+        return str(prepare_second_model())
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
@@ -182,37 +186,98 @@ def model_facts(model: str) -> dict[str, object]:
     }
 
 
-def prepare_kv_variant(kv_heads: int) -> Path:
-    """A random-weight copy of the default model with ``kv_heads`` KV heads (MHA: 9, MQA: 1); made once.
+def _hf_config(model: str):  # noqa: ANN202 - a transformers config
+    from transformers import AutoConfig
 
-    Same layers, hidden size, query heads and tokenizer: only the KV heads differ, so the engine's KV
-    capacity can be compared across attention types. The text it writes is gibberish; its shapes are real.
-    """
-    base = prepare_default_model()
-    cfg_dict = json.loads((base / "config.json").read_text())
-    heads = cfg_dict["num_attention_heads"]
-    if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
-        raise KVLabError(f"kv_heads={kv_heads!r} must divide the {heads} query heads (e.g. {heads} for MHA, 1 for MQA).")
-    target = config.cache_dir() / "models" / f"{config.DEFAULT_MODEL}-kv{kv_heads}-random"
-    if (target / STAMP).is_file():
-        return target
+    return AutoConfig.from_pretrained(resolve_model(model) if model else resolve_model())
+
+
+def _save_random_model(target: Path, make_config: Callable[[], Any], tokenizer_from: str, stamp: dict) -> Path:
+    """Build a model with random weights (seed 0, bf16: half the disk) from a config, save it with a tokenizer into
+    ``target`` atomically (temporary folder, then rename: never half-written), and stamp it."""
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with quiet():
             import torch
-            from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            cfg = AutoConfig.from_pretrained(base)
-            cfg.num_key_value_heads = kv_heads
+            cfg = make_config()
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)  # random weights, half the disk
-            model.save_pretrained(tmp)
-            AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
-        (tmp / STAMP).write_text(json.dumps({"base": str(base), "kv_heads": kv_heads, "weights": "random (seed 0)"}))
+            AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(tmp)
+        (tmp / STAMP).write_text(json.dumps(stamp | {"weights": "random (seed 0)"}, default=str))
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def prepare_variant(label: str, base: str | None = None, **overrides: object) -> Path:
+    """A random-weight copy of a model (the chosen one by default) with some config fields changed — KV heads, a
+    sliding window —, made once and cached. Same layers, widths and tokenizer: only what ``overrides`` names differs,
+    so the engine's KV arithmetic can be checked on layouts the model itself does not have. Its text is gibberish; its
+    shapes and timings are real."""
+    base_path = resolve_model(base)
+    key = hashlib.sha256(json.dumps([base_path, overrides], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    target = config.cache_dir() / "models" / f"{Path(base_path).name}-{label}-{key}-random"
+    if (target / STAMP).is_file():
+        return target
+
+    def make_config() -> Any:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(base_path)
+        for name, value in overrides.items():
+            setattr(cfg.get_text_config(), name, value)
+        return cfg
+
+    return _save_random_model(target, make_config, base_path, {"base": base_path, "overrides": overrides})
+
+
+def prepare_kv_variant(kv_heads: int, base: str | None = None) -> Path:
+    """The chosen (or ``base``) model with ``kv_heads`` KV heads — its query-head count for MHA, 1 for MQA."""
+    heads = _hf_config(base).get_text_config().num_attention_heads
+    if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1 or heads % kv_heads:
+        raise KVLabError(f"kv_heads={kv_heads!r} must divide the {heads} query heads (e.g. {heads} for MHA, 1 for MQA).")
+    return prepare_variant(f"kv{kv_heads}", base, num_key_value_heads=kv_heads)
+
+
+def prepare_sliding_variant(window: int, base: str | None = None) -> Path:
+    """The chosen (or ``base``) model with every layer a sliding-window layer of ``window`` tokens (Mistral-style).
+    Set through the fields vLLM reads: ``layer_types`` (Llama-family models), ``sliding_window`` with
+    ``use_sliding_window`` and ``max_window_layers`` (Qwen2-family models)."""
+    if not isinstance(window, int) or isinstance(window, bool) or window < 2:
+        raise KVLabError(f"window={window!r} must be a whole number of tokens, at least 2.")
+    layers = _hf_config(base).get_text_config().num_hidden_layers
+    return prepare_variant(f"sw{window}", base, sliding_window=window, use_sliding_window=True, max_window_layers=0,
+                           layer_types=["sliding_attention"] * layers)
+
+
+SECOND_MODEL = "Qwen2-Tiny-Random"
+#: A model of another family than the course's, to prove the course holds beyond it: Qwen2 layout (q/k/v biases,
+#: 8 query heads sharing 2 KV heads of 64, 24 layers), random weights, the course model's tokenizer.
+SECOND_MODEL_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 512,
+                       "intermediate_size": 1536, "num_hidden_layers": 24, "num_attention_heads": 8,
+                       "num_key_value_heads": 2, "max_position_embeddings": 8192, "rope_theta": 1000000.0,
+                       "tie_word_embeddings": True, "use_sliding_window": False}
+
+
+def prepare_second_model() -> Path:
+    """The second architecture (``KVLAB_MODEL=Qwen2-Tiny-Random``): made once with transformers and cached."""
+    target = config.cache_dir() / "models" / SECOND_MODEL
+    if (target / STAMP).is_file():
+        return target
+    base = str(prepare_default_model())
+
+    def make_config() -> Any:
+        from transformers import AutoConfig, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(base)
+        fields = dict(SECOND_MODEL_CONFIG)
+        return AutoConfig.for_model(fields.pop("model_type"), vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                                    eos_token_id=tok.eos_token_id, **fields)
+
+    return _save_random_model(target, make_config, base, {"config": SECOND_MODEL_CONFIG, "tokenizer": base})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -114,6 +116,19 @@ def metric_vs_prompt(summary: pd.DataFrame, metric: str, bound: str | None, titl
         fig.add_scatter(x=x, y=s[bound] * 1e3, mode="lines", name="lower bound (machine limit)", line_dash="dash", line_color="black")
     fig.update_layout(title=title, xaxis_title="prompt length (tokens, log)", yaxis_title=ylabel, xaxis_type="log",
                       yaxis_type="log" if log_y else "linear", height=400)
+    return fig
+
+
+def mark_compute_bound(fig: go.Figure, from_tokens: int, max_tokens: int) -> go.Figure:
+    """Mark, on a plot against prompt length, the length from which prefill is compute-bound on this machine (a dotted
+    vertical line, drawn as a trace so it sits right on log axes); the x axis is widened to show it."""
+    ys = [y for trace in fig.data for y in (trace.y if trace.y is not None else []) if y is not None and y > 0]
+    low, high = (min(ys) * 0.8, max(ys) * 1.25) if ys else (0.1, 1.0)
+    fig.add_scatter(x=[from_tokens, from_tokens], y=[low, high], mode="lines+text", line=dict(dash="dot", color="firebrick"),
+                    text=["", f"compute-bound from {from_tokens:,} tokens"], textposition="top right",
+                    name=f"prefill compute-bound from {from_tokens:,} tokens (ridge point)")
+    xs = [x for trace in fig.data for x in (trace.x if trace.x is not None else []) if x]
+    fig.update_xaxes(range=[math.log10(min([from_tokens, *xs]) / 1.5), math.log10(max(max_tokens, from_tokens) * 1.5)])
     return fig
 
 

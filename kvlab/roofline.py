@@ -2,11 +2,16 @@
 
 - **Peak matmul FLOP/s** and **peak memory bandwidth** are measured here with torch, in the engine's dtype and
   thread count, keeping the best of several tries (a bound must never be too slow, or it would not be a bound).
-- **Prefill** cannot beat its arithmetic: 2 FLOPs per weight of every linear layer per prompt token, the LM head
-  for the last token only (the embedding lookup is not a matmul), plus causal attention, which grows with the
-  square of the prompt: ≈ 2 × 2 × heads × head_dim × N(N+1)/2 per layer.
-- **Decode** cannot beat its memory traffic: each step reads every weight once (LM head included) and the
-  KV cache of the whole context so far.
+- **Prefill** cannot beat its arithmetic *or* its memory traffic: 2 FLOPs per weight of every matmul per prompt
+  token, the LM head for the last token only (the embedding lookup is not a matmul), plus causal attention, which
+  grows with the square of the prompt (≈ 2 × 2 × heads × head_dim × N(N+1)/2 per layer); and it must read every
+  weight it uses once and write the prompt's KV cache. Its bound is the larger of the two times: a short prompt is
+  bound by reading the weights (on a GPU an 8B model's 16-token prompt needs ~0.3 ms of compute but ~5 ms of weight
+  reads), a long one by compute. The prompt length where they cross follows from the machine's **ridge point**
+  (peak FLOP/s ÷ bandwidth, in FLOP per byte): about ridge × bytes per weight ÷ 2 tokens.
+- **Decode** cannot beat its memory traffic: each step reads every weight it uses once (LM head included; a
+  mixture-of-experts model only its routed experts) and the KV cache of the whole context so far.
+Weights are counted from the architecture for any model transformers knows (``kvlab.sizing.parameter_counts``).
 """
 
 from __future__ import annotations
@@ -52,18 +57,33 @@ def _best_seconds(fn: Any, repeats: int, device: str) -> float:
     return best
 
 
-CPU_SHAPES = ((2048, 2048, 2048), (2048, 1024, 4096), (2048, 4096, 1024), (2048, 576, 1536), (2048, 1536, 576))
+CPU_SHAPES = ((2048, 2048, 2048), (2048, 1024, 4096), (2048, 4096, 1024))
 GPU_SHAPES = ((8192, 8192, 8192), (8192, 4096, 14336), (8192, 14336, 4096))
 
 
-def _measure_here(dtype: str, quick: bool) -> MachineLimits:
+def model_shapes(model: str | None = None, tokens: int = 2048) -> list[tuple[int, int, int]]:
+    """The matmul shapes a prefill of ``tokens`` tokens runs through the chosen model's MLP (tokens × hidden ×
+    intermediate and back), read from its config; none when it cannot be read."""
+    try:
+        from transformers import AutoConfig
+
+        from kvlab.model import resolve_model
+
+        cfg = AutoConfig.from_pretrained(resolve_model(model)).get_text_config()
+        hidden, inner = int(cfg.hidden_size), int(getattr(cfg, "intermediate_size", 0) or 4 * cfg.hidden_size)
+    except Exception:  # noqa: BLE001 - an unreadable config only means fewer shapes to try
+        return []
+    return [(tokens, hidden, inner), (tokens, inner, hidden)]
+
+
+def _measure_here(dtype: str, quick: bool, extra_shapes: tuple[tuple[int, int, int], ...] = ()) -> MachineLimits:
     """The measurement itself, in this process (see ``measure_limits``)."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tdtype = getattr(torch, dtype)
     # (M, K, N): square and the tall-skinny shapes prefill runs (many tokens × a layer's weight); the best one wins
-    shapes = CPU_SHAPES if device == "cpu" else GPU_SHAPES
+    shapes = (CPU_SHAPES if device == "cpu" else GPU_SHAPES) + tuple(extra_shapes)
     repeats = 8  # quick mode too: a peak measured low makes every bound wrong
     flops = 0.0
     for m, k, n in shapes:
@@ -78,12 +98,13 @@ def _measure_here(dtype: str, quick: bool) -> MachineLimits:
     return MachineLimits(flops, max(copy_bw, read_bw), dtype, device, torch.get_num_threads())
 
 
-def measure_limits(dtype: str | None = None, quick: bool = False) -> MachineLimits:
+def measure_limits(dtype: str | None = None, quick: bool = False, model: str | None = None) -> MachineLimits:
     """Measure peak matmul FLOP/s and memory bandwidth with torch, in a fresh process; a few seconds.
 
     A fresh process, because a CPU engine pins its threads to cores in the process that runs it, after which
     torch's own matmuls there run slower and the "peak" would be too low (the bound too slow). Best of several
-    tries per shape. ``dtype`` defaults to the one ``make_engine`` uses here (float32 on CPU, bfloat16 on GPU).
+    tries per shape, over square shapes and the chosen model's own MLP shapes (``model``: default the chosen one).
+    ``dtype`` defaults to the one ``make_engine`` uses here (float32 on CPU, bfloat16 on GPU).
     On a shared machine call it more than once and keep ``best_of`` the results.
     """
     import json
@@ -94,7 +115,8 @@ def measure_limits(dtype: str | None = None, quick: bool = False) -> MachineLimi
         from kvlab.engine import engine_defaults
 
         dtype = engine_defaults().get("dtype", "bfloat16")
-    code = f"import json, kvlab.roofline as r; print(json.dumps(r._measure_here({dtype!r}, {quick!r}).as_dict()))"
+    extra = tuple(model_shapes(model))
+    code = f"import json, kvlab.roofline as r; print(json.dumps(r._measure_here({dtype!r}, {quick!r}, {extra!r}).as_dict()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
     return MachineLimits(**json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -106,27 +128,40 @@ def best_of(*measurements: MachineLimits) -> MachineLimits:
                          first.dtype, first.device, first.threads)
 
 
+#: One GPU's datasheet peaks, to set this machine's numbers against: NVIDIA H100 SXM, dense bf16 tensor-core FLOP/s
+#: (989.4 TFLOP/s, no sparsity) and HBM3 bandwidth (3.35 TB/s).
+H100_SXM_BF16 = MachineLimits(989.4e12, 3.35e12, "bfloat16", "NVIDIA H100 SXM (datasheet)", 0)
+
+
+def ridge_point(limits: MachineLimits) -> float:
+    """FLOPs per byte at which a kernel turns from memory-bound to compute-bound on this machine."""
+    return limits.matmul_flops / limits.bandwidth
+
+
 @dataclass(frozen=True)
 class ModelCost:
-    """What one token costs a dense decoder: linear weights, LM head, attention shape, KV bytes, element size."""
+    """What one token costs a decoder: its matmul weights (active ones for mixture-of-experts), LM head, attention
+    shape, KV bytes and element size."""
 
-    linear_params: int
+    linear_params: int  # matmul weights one token goes through, LM head excluded (MoE: shared + routed experts used)
     lm_head_params: int
     layers: int
     attn_width: int  # query heads × head_dim
     kv_bytes_per_token: int
-    bytes_per_param: int
+    bytes_per_param: float
+    expert_params: int = 0  # all routed experts' weights (0 for a dense model)
+    experts_per_token: int = 0
+    num_experts: int = 0
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any], bytes_per_param: int, kv_bytes_per_token: int) -> ModelCost:
-        """From a Llama-style config.json: per-layer q, k, v, o and gated-MLP matrices."""
-        from kvlab.sizing import KVArch
+    def from_config(cls, cfg: Any, bytes_per_param: float, kv_bytes_per_token: int) -> ModelCost:
+        """From any config transformers knows: the weights counted on the meta device (``sizing.parameter_counts``)."""
+        from kvlab.sizing import KVArch, parameter_counts
 
+        counts = parameter_counts(cfg)
         arch = KVArch.from_config(cfg)
-        h, ffn = cfg["hidden_size"], cfg["intermediate_size"]
-        q, kv = arch.query_heads * arch.head_dim, arch.kv_heads * arch.head_dim
-        per_layer = h * q + 2 * h * kv + q * h + 3 * h * ffn
-        return cls(arch.layers * per_layer, cfg["vocab_size"] * h, arch.layers, q, kv_bytes_per_token, bytes_per_param)
+        return cls(counts.matmul_active, counts.lm_head, arch.layers, arch.query_heads * arch.head_dim, kv_bytes_per_token,
+                   bytes_per_param, counts.experts, counts.experts_per_token, counts.num_experts)
 
     def prefill_flops(self, prompt_tokens: int) -> float:
         """Minimum FLOPs to prefill ``prompt_tokens`` tokens and produce the first token."""
@@ -134,15 +169,56 @@ class ModelCost:
         attention = 2 * 2 * self.attn_width * self.layers * n * (n + 1) / 2  # QKᵀ and AV over the causal triangle
         return 2 * self.linear_params * n + 2 * self.lm_head_params + attention
 
+    def weights_read(self, tokens: int) -> float:
+        """Weight bytes a forward pass over ``tokens`` tokens must read at least once: every dense weight, and of the
+        routed experts the share that ``tokens`` × experts per token can touch."""
+        if not self.expert_params:
+            return (self.linear_params + self.lm_head_params) * self.bytes_per_param
+        active_experts = self.expert_params * self.experts_per_token / self.num_experts
+        dense = self.linear_params - active_experts
+        touched = self.expert_params * min(1.0, tokens * self.experts_per_token / self.num_experts)
+        return (dense + touched + self.lm_head_params) * self.bytes_per_param
+
+    def prefill_bytes(self, prompt_tokens: int) -> float:
+        """Minimum bytes prefill moves: the weights once, and the prompt's KV cache written."""
+        return self.weights_read(prompt_tokens) + self.kv_bytes_per_token * prompt_tokens
+
+    def ttft_bound_s(self, prompt_tokens: int, limits: MachineLimits) -> float:
+        """Prefill's lower bound: the larger of its compute time and its memory time on this machine."""
+        return max(self.prefill_flops(prompt_tokens) / limits.matmul_flops, self.prefill_bytes(prompt_tokens) / limits.bandwidth)
+
+    def compute_bound_from(self, limits: MachineLimits) -> int:
+        """The prompt length (tokens) from which prefill is compute-bound on this machine: its FLOPs take longer than
+        its bytes (whole tokens, by bisection; the two times cross once)."""
+        def compute_wins(n: int) -> bool:
+            return self.prefill_flops(n) / limits.matmul_flops >= self.prefill_bytes(n) / limits.bandwidth
+
+        lo, hi = 1, 1
+        while not compute_wins(hi):
+            lo, hi = hi, hi * 2
+            if hi > 10**8:
+                return hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if compute_wins(mid) else (mid + 1, hi)
+        return lo
+
+    def batch_decode_step_bytes(self, batch: int, context_tokens: float) -> float:
+        """Minimum bytes one decode step of ``batch`` sequences reads: the weights once for all of them, and every
+        sequence's own KV cache — batching shares the weight read, not the KV reads."""
+        return self.weights_read(batch) + batch * self.kv_bytes_per_token * context_tokens
+
     def decode_step_bytes(self, context_tokens: float) -> float:
-        """Minimum bytes one decode step reads: all weights once, plus the KV cache of the context."""
-        return (self.linear_params + self.lm_head_params) * self.bytes_per_param + self.kv_bytes_per_token * context_tokens
+        """Minimum bytes one decode step reads: the weights it uses once, plus the KV cache of the context."""
+        return self.weights_read(1) + self.kv_bytes_per_token * context_tokens
 
 
 def add_bounds(df: pd.DataFrame, cost: ModelCost, limits: MachineLimits) -> pd.DataFrame:
     """Add each request's lower bounds and measured ÷ bound (≥ 1 when the bound is right), plus achieved rates."""
     out = df.copy()
-    out["ttft_bound_s"] = [cost.prefill_flops(p) / limits.matmul_flops for p in out.prompt_tokens]
+    out["ttft_bound_s"] = [cost.ttft_bound_s(p, limits) for p in out.prompt_tokens]
+    from_tokens = cost.compute_bound_from(limits)
+    out["ttft_bound_kind"] = ["compute" if p >= from_tokens else "memory" for p in out.prompt_tokens]
     # decode steps run at contexts P+1 … P+N−1: on average P + N/2 tokens of KV are read per step
     out["tpot_bound_s"] = [cost.decode_step_bytes(p + n / 2) / limits.bandwidth for p, n in zip(out.prompt_tokens, out.output_tokens, strict=True)]
     out["ttft_over_bound"] = out.ttft_s / out.ttft_bound_s
@@ -158,7 +234,7 @@ def engine_cost(llm: Any) -> ModelCost:
 
     mc = llm.llm_engine.vllm_config.model_config
     element = mc.dtype.itemsize if hasattr(mc.dtype, "itemsize") else 4
-    return ModelCost.from_config(mc.hf_config.to_dict(), element, kv_capacity(llm).bytes_per_token)
+    return ModelCost.from_config(mc.hf_config, element, kv_capacity(llm).bytes_per_token)
 
 
 def engine_dtype(llm: Any) -> str:

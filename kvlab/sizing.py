@@ -1,18 +1,29 @@
-"""KV cache sizing by hand: bytes per token, per sequence and in total, and a capacity planner.
+"""KV cache sizing by hand: bytes per token, per sequence and in total, what vLLM reserves, and a capacity planner.
 
 The seed formula, made exact:  KV bytes = 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes/element
 - use the model's **KV heads**, not its query heads (GQA/MQA share one K/V head among several query heads);
-- sliding-window layers (Mistral, Gemma-2's local layers) never hold more than ``window`` tokens;
+- configs are read the way transformers reads them (``AutoConfig``), so fields a config.json omits take the model
+  class's defaults (Gemma-3's text config omits its head counts), and each layer's kind comes from the layer list
+  transformers computes (``layer_types``: Gemma-2/3's local:global pattern, gpt-oss, Qwen2's windowed layers);
+- a sliding-window layer only *needs* the last ``window`` tokens (the ideal), but vLLM 0.32 reserves more: per
+  request ``min(window − 1 + tokens in flight, max_model_len)`` tokens plus one block, where tokens in flight are
+  ``max_num_batched_tokens`` × concurrent batches (``vllm/v1/kv_cache_interface.py``: ``SlidingWindowSpec.
+  max_admission_blocks_per_request``; ``vllm/config/vllm.py``: ``max_in_flight_tokens``). ``vllm_kv_plan`` gives
+  the engine's own arithmetic, layer groups included (``vllm/v1/core/kv_cache_utils.py``);
 - MLA (DeepSeek-V2/V3) caches one compressed latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer,
   not separate K and V;
 - an engine allocates whole blocks, so a sequence's tokens round up to the block size.
+Parameters are counted exactly for any architecture transformers knows, by building the model on the meta device (no
+weights); mixture-of-experts models also get their *active* parameters per token.
 This is a sketch to check against the engine's own report (``kvlab.kv_capacity``), not a substitute for it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +37,14 @@ GB = 10**9
 #: Bytes per element of each cache/weight dtype (names as vLLM and torch spell them).
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "float": 4, "fp16": 2, "float16": 2, "half": 2, "bf16": 2, "bfloat16": 2,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "int4": 0.5}
+
+#: vLLM 0.32's default share of accelerator memory it may use (``gpu_memory_utilization``, vllm/config/cache.py).
+VLLM_MEMORY_UTILIZATION = 0.92
+
+#: Memory a running engine needs besides weights and KV cache, per device, in GiB: activations of one step of
+#: ``max_num_batched_tokens`` tokens, CUDA graphs and non-torch allocations (NCCL, cuBLAS workspaces). A rough
+#: default for planning; the engine measures its own at start-up (its log: "Available KV cache memory").
+DEFAULT_OVERHEAD_GIB = {"gpu": 1.5, "cpu": 0.0}
 
 PRESET_DIR = REPO_ROOT / "data" / "models"
 
@@ -44,13 +63,50 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise KVLabError(f"{name} must be a positive number, got {value!r}.")
 
 
+def hf_config(cfg: Any) -> Any:
+    """A transformers config with the model class's defaults filled in, from a config dict (``model_type`` picks the
+    class; without one, or for a type this transformers does not know, the dict is read as it is) or a config."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(cfg, PretrainedConfig):
+        return cfg
+    cfg = dict(cfg)
+    model_type = cfg.pop("model_type", None)
+    if model_type:
+        try:
+            return AutoConfig.for_model(model_type, **cfg)
+        except (KeyError, ValueError):
+            pass
+    return PretrainedConfig(**cfg)
+
+
+def _text(cfg: Any) -> Any:
+    """The language model's config (multimodal configs nest it as ``text_config``)."""
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def layer_kinds(cfg: Any) -> list[str]:
+    """Each layer's attention kind, "full" or "sliding": transformers' own ``layer_types`` where the config has them
+    (Gemma-2/3, gpt-oss, Qwen2…), else every layer slides when a window is set and in use (Mistral v0.1)."""
+    tc = _text(hf_config(cfg))
+    layers = int(getattr(tc, "num_hidden_layers", 0) or getattr(tc, "n_layer", 0) or 0)
+    window = getattr(tc, "sliding_window", None)
+    types = getattr(tc, "layer_types", None)
+    if types:
+        return ["sliding" if t in ("sliding_attention", "chunked_attention") and window else "full" for t in types[:layers]]
+    if window and getattr(tc, "use_sliding_window", True) is not False:
+        return ["sliding"] * layers
+    return ["full"] * layers
+
+
 @dataclass(frozen=True)
 class KVArch:
-    """The architecture facts that size a KV cache (and the weights), from a Hugging Face ``config.json``.
+    """The architecture facts that size a KV cache (and the weights), from a Hugging Face config.
 
     attention: "MHA" (kv_heads == query heads), "GQA" (fewer), "MQA" (one) or "MLA" (latent).
     sliding_window / sliding_layers: how many layers keep only the last ``sliding_window`` tokens.
     mla_dim: elements cached per token and layer under MLA (kv_lora_rank + qk_rope_head_dim).
+    params / active_params: all weights, and those one token uses (they differ for mixture-of-experts models).
     """
 
     name: str
@@ -64,50 +120,46 @@ class KVArch:
     sliding_layers: int = 0
     mla_dim: int | None = None
     params: int | None = None
+    active_params: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any], name: str | None = None, params: int | None = None) -> KVArch:
-        """Read a config.json dict: missing head_dim → hidden/heads; missing num_key_value_heads → MHA; MQA flags."""
-        cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg and "n_layer" not in cfg else cfg
-        name = name or cfg.get("_name_or_path") or (cfg.get("architectures") or [cfg.get("model_type", "model")])[0]
-        layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
-        heads = cfg.get("num_attention_heads", cfg.get("n_head"))
-        hidden = cfg.get("hidden_size", cfg.get("n_embd"))
+    def from_config(cls, cfg: Any, name: str | None = None, params: int | None = None,
+                    active_params: int | None = None) -> KVArch:
+        """Read a config (a config.json dict or a transformers config), defaults filled the way transformers fills
+        them: head_dim → hidden/heads; no KV head count → MHA; Falcon's multi_query → one KV head."""
+        raw = cfg if isinstance(cfg, dict) else {}
+        tc = _text(hf_config(cfg))
+        name = name or raw.get("_name_or_path") or getattr(tc, "_name_or_path", "") or \
+            (raw.get("architectures") or getattr(tc, "architectures", None) or [getattr(tc, "model_type", "") or "model"])[0]
+        layers = getattr(tc, "num_hidden_layers", None) or getattr(tc, "n_layer", None)
+        heads = getattr(tc, "num_attention_heads", None) or getattr(tc, "n_head", None)
+        hidden = getattr(tc, "hidden_size", None) or getattr(tc, "n_embd", None)
         missing = [k for k, v in {"num_hidden_layers": layers, "num_attention_heads": heads}.items() if not v]
         if missing:
             raise KVLabError(f"Config {name!r} lacks {', '.join(missing)}, needed to size the KV cache.")
-        if cfg.get("kv_lora_rank"):  # MLA: one latent (plus the decoupled RoPE key) per token and layer
-            mla_dim = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
-            return cls(name, int(layers), int(heads), 1, mla_dim, "MLA", cfg.get("max_position_embeddings"),
-                       mla_dim=mla_dim, params=params)
-        head_dim = cfg.get("head_dim") or (hidden // heads if hidden else None)
+        max_context = getattr(tc, "max_position_embeddings", None) or getattr(tc, "seq_length", None)
+        if getattr(tc, "kv_lora_rank", None):  # MLA: one latent (plus the decoupled RoPE key) per token and layer
+            mla_dim = int(tc.kv_lora_rank) + int(getattr(tc, "qk_rope_head_dim", 0) or 0)
+            return cls(name, int(layers), int(heads), 1, mla_dim, "MLA", max_context, mla_dim=mla_dim, params=params,
+                       active_params=active_params)
+        head_dim = getattr(tc, "head_dim", None) or (hidden // heads if hidden else None)
         if not head_dim:
             raise KVLabError(f"Config {name!r} lacks head_dim and hidden_size, needed to size the KV cache.")
-        if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
+        if getattr(tc, "multi_query", False) and not getattr(tc, "new_decoder_architecture", False):
             kv_heads = 1  # Falcon-7B style multi-query attention
         else:
-            kv_heads = cfg.get("num_key_value_heads") or cfg.get("num_kv_heads") or heads
+            kv_heads = getattr(tc, "num_key_value_heads", None) or getattr(tc, "num_kv_heads", None) or heads
         kv_heads = int(kv_heads)
         attention = "MHA" if kv_heads == heads else ("MQA" if kv_heads == 1 else "GQA")
-        window, sliding = _sliding_layers(cfg, int(layers))
-        return cls(name, int(layers), int(heads), kv_heads, int(head_dim), attention,
-                   cfg.get("max_position_embeddings") or cfg.get("seq_length"), window, sliding, params=params)
+        kinds = layer_kinds(tc)
+        sliding = kinds.count("sliding")
+        window = int(tc.sliding_window) if sliding else None
+        return cls(name, int(layers), int(heads), kv_heads, int(head_dim), attention, max_context, window, sliding,
+                   params=params, active_params=active_params)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict, for tables."""
         return asdict(self)
-
-
-def _sliding_layers(cfg: dict[str, Any], layers: int) -> tuple[int | None, int]:
-    """(window, number of sliding-window layers) from the config's own fields."""
-    window = cfg.get("sliding_window")
-    if not window or cfg.get("use_sliding_window") is False:
-        return None, 0
-    if cfg.get("layer_types"):
-        return int(window), sum(t == "sliding_attention" for t in cfg["layer_types"])
-    if cfg.get("model_type") == "gemma2":  # local and global attention alternate: even layers are local
-        return int(window), (layers + 1) // 2
-    return int(window), layers
 
 
 def bytes_per_token(arch: KVArch, dtype: str = "bf16", use_query_heads: bool = False) -> float:
@@ -129,9 +181,16 @@ def blocks_needed(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size)
 
 
+def sequences_that_fit(num_blocks: int, block_size: int, tokens_per_sequence: int) -> int:
+    """Sequences of ``tokens_per_sequence`` tokens that fit in ``num_blocks`` blocks at once: each one rounds up to
+    whole blocks (a 160-token sequence takes 256 tokens of KV with 128-token blocks)."""
+    return int(num_blocks // blocks_needed(tokens_per_sequence, block_size))
+
+
 def kv_bytes(arch: KVArch, tokens: int, dtype: str = "bf16", sequences: int = 1, block_size: int | None = None,
              use_query_heads: bool = False) -> float:
-    """KV bytes for ``sequences`` sequences of ``tokens`` tokens each (windows and block rounding applied)."""
+    """KV bytes for ``sequences`` sequences of ``tokens`` tokens each — the ideal: a sliding layer holds only its
+    window (what vLLM actually reserves for one is ``vllm_reserved_tokens``); block rounding applied if given."""
     _positive("tokens", tokens)
     _positive("sequences", sequences)
     per_layer_token = bytes_per_token(arch, dtype, use_query_heads) / arch.layers
@@ -146,35 +205,150 @@ def kv_bytes(arch: KVArch, tokens: int, dtype: str = "bf16", sequences: int = 1,
     return per_seq * sequences
 
 
+def sliding_window_blocks(window: int, max_model_len: int, block_size: int, max_num_batched_tokens: int,
+                          concurrent_batches: int = 1) -> int:
+    """Blocks vLLM 0.32 reserves per request for one sliding-window layer group:
+    ``cdiv(min(window − 1 + in-flight tokens, max_model_len), block_size) + 1`` — the window's last ``window − 1``
+    tokens, the tokens of the batches not yet settled (``max_num_batched_tokens`` × concurrent batches: 1 on CPU, 2
+    with async scheduling on GPU), and one block because the window need not start on a block boundary."""
+    for name, value in {"window": window, "max_model_len": max_model_len, "block_size": block_size,
+                        "max_num_batched_tokens": max_num_batched_tokens, "concurrent_batches": concurrent_batches}.items():
+        _positive(name, value)
+    in_flight = max_num_batched_tokens * concurrent_batches
+    return math.ceil(min(window - 1 + in_flight, max_model_len) / block_size) + 1
+
+
+@dataclass(frozen=True)
+class VLLMPlan:
+    """vLLM's own arithmetic for a KV budget: layer groups, blocks, blocks one request at ``max_model_len`` takes,
+    and the concurrency and token capacity it reports (``cache_config.num_gpu_blocks``, ``kv_cache_max_concurrency``,
+    ``kv_cache_size_tokens``)."""
+
+    groups_full: int
+    groups_sliding: int
+    group_size: int
+    num_blocks: int
+    blocks_per_request: int
+    max_concurrency: float
+    tokens: int
+    ideal_blocks_per_request: int  # if a sliding layer held only its window (rounded to blocks, +1 for alignment)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def vllm_kv_plan(arch: KVArch, budget_bytes: float, max_model_len: int, dtype: str = "bf16", block_size: int = 16,
+                 max_num_batched_tokens: int = 8192, concurrent_batches: int = 1) -> VLLMPlan:
+    """The KV plan vLLM 0.32 makes for ``budget_bytes`` (vllm/v1/core/kv_cache_utils.py): layers of one kind are split
+    into groups of equal size (the size of the smallest kind, or of the largest when that is < 1.5× the smallest;
+    the last group padded), one block holds ``block_size`` tokens of every layer of a group, so
+    ``num_blocks = budget ÷ (group size × per-layer page)``; a request at ``max_model_len`` takes ``cdiv(max_model_len,
+    block_size)`` blocks per full-attention group and ``sliding_window_blocks`` per sliding group; max concurrency =
+    blocks ÷ blocks per request; capacity in tokens = concurrency × ``max_model_len``. Assumes every layer's page has
+    the same size (true for the architectures this course sizes)."""
+    _positive("budget_bytes", budget_bytes)
+    _positive("max_model_len", max_model_len)
+    page = bytes_per_token(arch, dtype) / arch.layers * block_size  # one layer, one block
+    counts = [n for n in (arch.layers - arch.sliding_layers, arch.sliding_layers) if n]
+    group_size = min(counts)
+    if max(counts) < 1.5 * min(counts):
+        group_size = max(counts)
+    full_groups = math.ceil((arch.layers - arch.sliding_layers) / group_size) if arch.layers - arch.sliding_layers else 0
+    sliding_groups = math.ceil(arch.sliding_layers / group_size) if arch.sliding_layers else 0
+    num_blocks = int(budget_bytes // (group_size * page))
+    full_blocks = math.ceil(max_model_len / block_size)
+    per_request = full_groups * full_blocks
+    ideal = full_groups * full_blocks
+    if sliding_groups:
+        window_blocks = sliding_window_blocks(arch.sliding_window, max_model_len, block_size, max_num_batched_tokens,
+                                              concurrent_batches)
+        per_request += sliding_groups * window_blocks
+        ideal += sliding_groups * (math.ceil(min(arch.sliding_window, max_model_len) / block_size) + 1)
+    concurrency = num_blocks / per_request
+    return VLLMPlan(full_groups, sliding_groups, group_size, num_blocks, per_request, concurrency,
+                    int(concurrency * max_model_len), ideal)
+
+
 def weight_bytes(params: int, dtype: str = "bf16") -> float:
     """Bytes of model weights: parameters × bytes per element."""
     _positive("params", params)
     return params * dtype_bytes(dtype)
 
 
-def count_parameters(cfg: dict[str, Any]) -> int:
-    """Parameters of a dense decoder (Llama, Mistral, Qwen2, Gemma-2, Falcon) from its config.json.
+@dataclass(frozen=True)
+class ParamCount:
+    """A model's parameters, counted from its architecture: all of them, the ones one token uses (mixture-of-experts:
+    routed experts × experts per token ÷ experts), and the parts a FLOP count needs."""
 
-    Embeddings (+ an untied LM head), per layer attention and MLP matrices, biases and norms.
-    Mixture-of-experts configs are refused: take their count from the model card instead.
-    """
-    if cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts"):
-        raise KVLabError("count_parameters covers dense models only; use the parameter count from the model card for MoE.")
-    arch = KVArch.from_config(cfg)
-    h, v, n = cfg["hidden_size"], cfg["vocab_size"], arch.layers
-    q, kv = arch.query_heads * arch.head_dim, arch.kv_heads * arch.head_dim
-    embed = v * h * (1 if cfg.get("tie_word_embeddings", cfg.get("model_type") in {"falcon", "gemma2"}) else 2)
-    if cfg.get("model_type") == "falcon":  # fused QKV, 4h GELU MLP, LayerNorm with bias, parallel attention
-        ffn = cfg.get("ffn_hidden_size") or 4 * h
-        per_layer = h * (q + 2 * kv) + q * h + 2 * h * ffn + 2 * h
-        return int(embed + n * per_layer + 2 * h)
-    ffn = cfg["intermediate_size"]
-    attn = h * q + 2 * h * kv + q * h
-    if cfg.get("attention_bias") or cfg.get("model_type") == "qwen2":
-        attn += q + 2 * kv  # Qwen2 has biases on q, k and v
-    norms = (4 if cfg.get("model_type") == "gemma2" else 2) * h
-    per_layer = attn + 3 * h * ffn + norms  # gated MLP: gate, up, down
-    return int(embed + n * per_layer + h)
+    total: int
+    active: int
+    embedding: int  # lookup tables (token, position embeddings) not shared with the LM head: no matmul
+    lm_head: int  # the output projection (a matmul, for the last prompt token and every decoded one)
+    matmul_active: int  # weights of the matrix multiplications one token goes through, LM head excluded
+    experts: int  # routed-expert parameters (all experts)
+    experts_per_token: int
+    num_experts: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_EXPERT = re.compile(r"(^|\.)experts\.")
+
+
+@functools.lru_cache(maxsize=64)
+def _count(config_json: str) -> ParamCount:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = _text(hf_config(json.loads(config_json)))
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    except Exception as exc:  # noqa: BLE001 - any architecture transformers cannot build
+        raise KVLabError(f"transformers cannot build {getattr(cfg, 'model_type', 'this model')!r} to count its parameters "
+                         f"({type(exc).__name__}); pass params=... from the model card.") from None
+    from torch import nn
+
+    out = model.get_output_embeddings()
+    head = {id(out.weight)} if out is not None else set()
+    total = embedding = experts = matmul = 0
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:  # tied: counted once
+                continue
+            seen.add(id(param))
+            n = param.numel()
+            total += n
+            if _EXPERT.search(f"{module_name}.{name}"):
+                experts += n
+            elif id(param) in head:
+                continue
+            elif isinstance(module, nn.Embedding):
+                embedding += n  # a lookup, not a matmul
+            elif param.dim() >= 2:  # Linear, GPT-2's Conv1D, a router's weight: a matrix every token multiplies
+                matmul += n
+    lm_head = out.weight.numel() if out is not None else 0
+    num_experts = int(getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_local_experts", None)
+                      or getattr(cfg, "num_experts", None) or 0)
+    per_token = int(getattr(cfg, "num_experts_per_tok", None) or 0) if experts else 0
+    active_experts = experts * per_token // num_experts if experts and num_experts else experts
+    return ParamCount(total, total - experts + active_experts, embedding, lm_head, matmul + active_experts, experts,
+                      per_token, num_experts if experts else 0)
+
+
+def parameter_counts(cfg: Any) -> ParamCount:
+    """Count a model's parameters exactly from its config, for any architecture transformers knows: the model is built
+    on the meta device (shapes only, no memory, no weights loaded). Vision towers of multimodal configs are left out:
+    the language model is what the KV cache serves."""
+    raw = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    return _count(json.dumps(raw, sort_keys=True, default=str))
+
+
+def count_parameters(cfg: Any) -> int:
+    """All parameters of a model from its config (``parameter_counts(cfg).total``)."""
+    return parameter_counts(cfg).total
 
 
 # ---- presets -------------------------------------------------------------------------------------------
@@ -194,7 +368,8 @@ def load_preset(name: str) -> dict[str, Any]:
 
 
 def load_arch(model: str | dict[str, Any]) -> KVArch:
-    """A KVArch from a preset name, a path to a config.json (or a model folder), or a config dict."""
+    """A KVArch from a preset name, a path to a config.json (or a model folder), or a config dict. A preset carries
+    its published parameter count; for a config, parameters are counted from the architecture (``parameter_counts``)."""
     if isinstance(model, dict):
         return KVArch.from_config(model)
     path = Path(model).expanduser()
@@ -202,10 +377,15 @@ def load_arch(model: str | dict[str, Any]) -> KVArch:
         path = path / "config.json"
     if path.suffix == ".json" and path.is_file():
         cfg = json.loads(path.read_text())
-        params = count_parameters(cfg) if not cfg.get("n_routed_experts") and "hidden_size" in cfg and "vocab_size" in cfg else None
-        return KVArch.from_config(cfg, name=path.parent.name, params=params)
+        try:
+            counts = parameter_counts(cfg)
+        except KVLabError:
+            counts = None
+        return KVArch.from_config(cfg, name=path.parent.name, params=counts.total if counts else None,
+                                  active_params=counts.active if counts else None)
     preset = load_preset(model)
-    return KVArch.from_config(preset["config"], name=preset["name"], params=preset.get("params"))
+    return KVArch.from_config(preset["config"], name=preset["name"], params=preset.get("params"),
+                              active_params=preset.get("active_params", preset.get("params")))
 
 
 # ---- capacity planning --------------------------------------------------------------------------------
@@ -213,11 +393,13 @@ def load_arch(model: str | dict[str, Any]) -> KVArch:
 
 @dataclass(frozen=True)
 class CapacityPlan:
-    """How a card's memory splits between weights and KV cache, and what that KV budget holds."""
+    """How a card's memory splits between weights, overhead and KV cache, and what that KV budget holds — an upper
+    bound from arithmetic until the engine reports its own numbers (``kvlab.kv_capacity``)."""
 
     model: str
     memory_gib: float
     utilization: float
+    overhead_gib: float
     weight_gib: float
     kv_budget_gib: float
     kv_dtype: str
@@ -230,23 +412,30 @@ class CapacityPlan:
     target_sequences: int | None
     largest_context_for_target: int | None
     weights_fit: bool
+    estimate: str = "upper bound: planned from the config, not reported by an engine"
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict, one tidy row."""
         return asdict(self)
 
 
-def plan_capacity(arch: KVArch, memory_gib: float, context: int, utilization: float = 0.9, kv_dtype: str = "bf16",
-                  weight_dtype: str = "bf16", params: int | None = None, block_size: int = 16,
-                  target_sequences: int | None = None, overhead_gib: float = 0.0) -> CapacityPlan:
+def plan_capacity(arch: KVArch, memory_gib: float, context: int, utilization: float = VLLM_MEMORY_UTILIZATION,
+                  kv_dtype: str = "bf16", weight_dtype: str = "bf16", params: int | None = None, block_size: int = 16,
+                  target_sequences: int | None = None, overhead_gib: float | None = None, device: str = "gpu") -> CapacityPlan:
     """Plan one card: KV budget = memory × utilization − weights − overhead; then sequences and context.
 
-    max_sequences: full-``context`` sequences that fit at once. largest_context_for_target: the longest
-    context that still lets ``target_sequences`` run together (block-rounded, capped by the model's own).
+    ``utilization`` defaults to vLLM's own (0.92); ``overhead_gib`` (activations, CUDA graphs, non-torch memory)
+    defaults to ``DEFAULT_OVERHEAD_GIB[device]``. max_sequences: full-``context`` sequences that fit at once.
+    largest_context_for_target: the longest context that still lets ``target_sequences`` run together
+    (block-rounded, capped by the model's own). Sliding-window layers are counted at their window (the ideal; what
+    vLLM reserves for them is ``vllm_kv_plan``).
     """
     _positive("memory_gib", memory_gib)
     _positive("context", context)
     _positive("block_size", block_size)
+    if device not in DEFAULT_OVERHEAD_GIB:
+        raise KVLabError(f"device must be one of {', '.join(DEFAULT_OVERHEAD_GIB)}, got {device!r}.")
+    overhead_gib = DEFAULT_OVERHEAD_GIB[device] if overhead_gib is None else overhead_gib
     _positive("overhead_gib", overhead_gib, allow_zero=True)
     if not 0 < utilization <= 1:
         raise KVLabError(f"utilization must be a fraction in (0, 1], got {utilization!r}.")
@@ -264,8 +453,8 @@ def plan_capacity(arch: KVArch, memory_gib: float, context: int, utilization: fl
     largest = None
     if target_sequences:
         largest = largest_context(arch, budget, target_sequences, kv_dtype, block_size) if fits else 0
-    return CapacityPlan(arch.name, memory_gib, utilization, weights / GiB, budget / GiB, kv_dtype, weight_dtype, block_size, context,
-                        per_token, int(budget // per_token),
+    return CapacityPlan(arch.name, memory_gib, utilization, overhead_gib, weights / GiB, budget / GiB, kv_dtype, weight_dtype,
+                        block_size, context, per_token, int(budget // per_token),
                         int(budget // per_seq) if fits else 0, target_sequences, largest, fits)
 
 
@@ -301,9 +490,9 @@ def preset_table(dtype: str = "bf16", context: int = 8192) -> Any:
     return pd.DataFrame(rows).sort_values("kv_bytes_per_token").reset_index(drop=True)
 
 
-def capacity_grid(models: list[str], memories_gib: list[float], contexts: list[int], utilization: float = 0.9,
-                  kv_dtype: str = "bf16", weight_dtype: str = "bf16", block_size: int = 16,
-                  target_sequences: int | None = None) -> Any:
+def capacity_grid(models: list[str], memories_gib: list[float], contexts: list[int],
+                  utilization: float = VLLM_MEMORY_UTILIZATION, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
+                  block_size: int = 16, target_sequences: int | None = None, overhead_gib: float | None = None) -> Any:
     """Tidy table of capacity plans: one row per (model, card memory, context)."""
     import pandas as pd
 
@@ -313,7 +502,7 @@ def capacity_grid(models: list[str], memories_gib: list[float], contexts: list[i
         for mem in memories_gib:
             for ctx in contexts:
                 plan = plan_capacity(arch, mem, ctx, utilization, kv_dtype, weight_dtype, block_size=block_size,
-                                     target_sequences=target_sequences)
+                                     target_sequences=target_sequences, overhead_gib=overhead_gib)
                 beyond = bool(arch.max_context and ctx > arch.max_context)
                 rows.append(plan.as_dict() | {"model": model, "attention": arch.attention, "beyond_model_context": beyond})
     return pd.DataFrame(rows)

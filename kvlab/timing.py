@@ -8,12 +8,16 @@ Definitions (the names vLLM's benchmarks use):
 - **decode time**: first output token → last output token.
 - **TPOT** (time per output token): decode time ÷ (output tokens − 1); the first token belongs to TTFT.
 - **E2E latency**: arrival → last token = TTFT + decode time.
-- **ITL** (inter-token latency): every gap between two consecutive output tokens, as seen by whoever reads the
-  stream; its mean is TPOT, its tail (p95, max) shows stalls that a mean hides. Needs token-by-token timing
-  (``stream_timing``).
+- **ITL** (inter-token latency): every gap between two consecutive *chunks* of the stream, as seen by whoever
+  reads it; its tail (p95, max) shows stalls that a mean hides. Needs token-by-token timing (``stream_timing``).
+  Within one request whose chunks carry one token each, the mean of its gaps equals its TPOT. In general they differ:
+  vLLM's ``bench serve`` pools the gaps of *all* requests before taking the mean (so long requests weigh more;
+  ``vllm/benchmarks/serve.py``: ``itls += outputs[i].itl``), and a chunk can carry several tokens (speculative
+  decoding, stream batching), so one gap then covers several tokens.
 
-Other tools use the same words for different things (see ``NAMES_ACROSS_TOOLS``): GenAI-Perf/AIPerf and
-GuideLLM call vLLM's TPOT "inter-token latency"; GuideLLM's and LLMPerf's per-token figures include the first token.
+Other tools use the same words for different things (see ``NAMES_ACROSS_TOOLS``, with the versions it describes):
+AIPerf calls vLLM's TPOT "inter_token_latency" and reports the per-chunk gaps as "inter_chunk_latency"; LLMPerf's
+"inter_token_latency_s" includes the first token's wait; GuideLLM's per-token definitions changed between releases.
 
 vLLM's engine clock (``queued_ts`` … ``last_token_ts``) is monotonic; ``arrival_time`` is wall-clock,
 so the two are never subtracted from each other here.
@@ -30,17 +34,21 @@ import pandas as pd
 #: Phase names, in order, for tables and plots.
 PHASES = ("queue", "prefill", "decode")
 
-#: How benchmark tools name these metrics (as each documents it; check the version you use).
+#: How benchmark tools name these metrics, as the named versions define them (definitions move: check yours):
+#: vLLM 0.32 ``vllm bench serve`` (vllm/benchmarks/serve.py), AIPerf 0.13 (its metrics reference; GenAI-Perf, its
+#: predecessor, used the same names), GuideLLM 0.3 (its ``GenerativeRequestStats``; earlier releases defined its
+#: per-token figures differently), LLMPerf (ray-project/llmperf at its last release).
 NAMES_ACROSS_TOOLS = [
-    {"KV Lab / vLLM bench": "TTFT", "GenAI-Perf / AIPerf": "time_to_first_token", "GuideLLM": "time_to_first_token",
+    {"KV Lab / vLLM bench 0.32": "TTFT", "AIPerf 0.13": "time_to_first_token", "GuideLLM 0.3": "time_to_first_token",
      "LLMPerf": "ttft_s", "meaning": "arrival → first output token"},
-    {"KV Lab / vLLM bench": "TPOT", "GenAI-Perf / AIPerf": "inter_token_latency", "GuideLLM": "inter_token_latency",
+    {"KV Lab / vLLM bench 0.32": "TPOT", "AIPerf 0.13": "inter_token_latency", "GuideLLM 0.3": "inter_token_latency",
      "LLMPerf": "—", "meaning": "(E2E − TTFT) ÷ (output tokens − 1), per request"},
-    {"KV Lab / vLLM bench": "ITL", "GenAI-Perf / AIPerf": "— (per-chunk gaps not reported as ITL)", "GuideLLM": "—",
-     "LLMPerf": "—", "meaning": "each gap between consecutive tokens (a distribution, not one number per request)"},
-    {"KV Lab / vLLM bench": "—", "GenAI-Perf / AIPerf": "—", "GuideLLM": "time_per_output_token",
+    {"KV Lab / vLLM bench 0.32": "ITL", "AIPerf 0.13": "inter_chunk_latency", "GuideLLM 0.3": "—",
+     "LLMPerf": "—", "meaning": "each gap between consecutive stream chunks (vLLM bench: pooled over all requests; "
+                                "a chunk may hold several tokens)"},
+    {"KV Lab / vLLM bench 0.32": "—", "AIPerf 0.13": "—", "GuideLLM 0.3": "time_per_output_token",
      "LLMPerf": "inter_token_latency_s", "meaning": "E2E ÷ output tokens: the first token's wait included"},
-    {"KV Lab / vLLM bench": "E2E latency (E2EL)", "GenAI-Perf / AIPerf": "request_latency", "GuideLLM": "request_latency",
+    {"KV Lab / vLLM bench 0.32": "E2E latency (E2EL)", "AIPerf 0.13": "request_latency", "GuideLLM 0.3": "request_latency",
      "LLMPerf": "end_to_end_latency_s", "meaning": "arrival → last output token"},
 ]
 

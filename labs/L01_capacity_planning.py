@@ -11,7 +11,9 @@
 #
 # How many sequences of a given context length fit on a card, and what is the longest context for a target number
 # of concurrent users? Pure arithmetic from the model's `config.json` (lesson 01 proves it against a live engine),
-# so this lab runs in seconds for any model, card and dtype.
+# so this lab runs in seconds for any model, card and dtype. The numbers are **upper bounds**: the engine measures its
+# real overhead when it starts, and reserves more than the window for sliding-window layers (lesson 01, section 5;
+# `kvlab.sizing.vllm_kv_plan` gives the engine's own arithmetic).
 #
 # Run it headless: `papermill labs/L01_capacity_planning.ipynb out.ipynb -p model Qwen2.5-7B-Instruct -y "memory_gib: [24, 80]"`.
 # Results: `results.csv`, `results.parquet`, `metadata.json` and `capacity.html` in `output_dir`.
@@ -19,7 +21,8 @@
 # %% tags=["parameters"]
 model = "Llama-3.1-8B"  # preset name in data/models/, or a path to a config.json or a model folder
 memory_gib = [80.0, 141.0]  # accelerator memory per card, GiB
-utilization = 0.9  # fraction of memory the engine may use (vLLM's gpu_memory_utilization), 0-1
+utilization = 0.92  # fraction of memory the engine may use (vLLM's gpu_memory_utilization; 0.92 is vLLM's default), 0-1
+overhead_gib = 1.5  # memory a running engine needs besides weights and KV (activations, CUDA graphs), GiB
 context_lengths = [4096, 8192, 32768, 131072]  # tokens per sequence
 kv_dtype = "bf16"  # KV cache element type: fp32, fp16, bf16 or fp8
 weight_dtype = "bf16"  # weight element type: fp32, fp16, bf16, fp8 or int4
@@ -41,7 +44,8 @@ p = kvlab.labs.validate_namespace("L01_capacity_planning", globals())  # checks 
 from kvlab import sizing
 
 arch = sizing.load_arch(p.model)
-results = sizing.capacity_grid([p.model], p.memory_gib, p.context_lengths, p.utilization, p.kv_dtype, p.weight_dtype, p.block_size, p.target_sequences)
+results = sizing.capacity_grid([p.model], p.memory_gib, p.context_lengths, p.utilization, p.kv_dtype, p.weight_dtype, p.block_size,
+                               p.target_sequences, p.overhead_gib)
 results = results.assign(model=arch.name)
 results[["memory_gib", "context", "weight_gib", "kv_budget_gib", "kv_tokens", "max_sequences", "largest_context_for_target", "beyond_model_context"]].round(2)
 

@@ -42,12 +42,12 @@ from kvlab import experiments, roofline, timing
 engine_args = dict(enable_prefix_caching=False, enforce_eager=p.enforce_eager, kv_cache_gib=p.kv_cache_gib)
 if p.dtype != "auto":
     engine_args["dtype"] = p.dtype
-limits = roofline.measure_limits(None if p.dtype == "auto" else p.dtype, quick=kvlab.quick())  # fresh process; again after
+limits = roofline.measure_limits(None if p.dtype == "auto" else p.dtype, quick=kvlab.quick(), model=p.model or None)  # fresh process; again after
 llm = kvlab.make_engine(p.model or None, **engine_args)
 cost = roofline.engine_cost(llm)
 settings = {"model": llm.kvlab_settings["model"], "dtype": roofline.engine_dtype(llm), "enforce_eager": p.enforce_eager}
 runs = experiments.sweep(llm, p.prompt_lengths, p.output_lengths, p.repeats, **settings)
-limits = roofline.best_of(limits, roofline.measure_limits(limits.dtype, quick=kvlab.quick()))
+limits = roofline.best_of(limits, roofline.measure_limits(limits.dtype, quick=kvlab.quick(), model=p.model or None))
 runs = roofline.add_bounds(runs, cost, limits)
 summary = timing.summarize(runs, ["ttft_s", "tpot_s", "e2e_s", "ttft_over_bound", "tpot_over_bound"], by=["prompt_tokens", "output_tokens"])
 summary.round(4)
@@ -87,4 +87,7 @@ kvlab.exercises.check(answers, out)
 #
 # 1. Which column of `summary.csv` grows with the prompt and which does not? Put a number on each.
 # 2. Run the lab twice, with `enforce_eager` True and False. Which metric does compilation improve, and by how much?
-# 3. `ttft_over_bound` falls as prompts grow. What does that say about how well short prompts use the machine?
+# 3. The TTFT bound is the larger of compute time and weight-read time (`ttft_bound_kind` says which). Run with
+#    `prompt_lengths` that start below the length where prefill turns compute-bound on this machine (lesson 02 prints
+#    it: ridge point × bytes per weight ÷ 2). Is `ttft_over_bound` at the short prompts close to 1? What would it be on
+#    a GPU, where that length is ~300 tokens?

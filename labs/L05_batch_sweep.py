@@ -44,6 +44,11 @@ llm = kvlab.make_engine(p.model or None, enable_prefix_caching=False, enforce_ea
 capacity = kvlab.kv_capacity(llm)
 runs = experiments.batch_sweep(llm, p.batch_sizes, p.prompt_tokens, p.output_tokens, p.repeats)
 summary = experiments.batch_summary(runs)
+# how many sequences the KV budget holds at once: each rounds up to whole blocks (160 tokens take 256 with 128-token blocks)
+fit = kvlab.sizing.sequences_that_fit(capacity.num_blocks, capacity.block_size, p.prompt_tokens + p.output_tokens)
+summary["fit_at_once"] = fit
+print(f"{capacity}; a {p.prompt_tokens + p.output_tokens}-token sequence takes "
+      f"{kvlab.sizing.blocks_needed(p.prompt_tokens + p.output_tokens, capacity.block_size)} blocks → {fit} sequences at once")
 summary.round(3)
 
 # %%
@@ -81,4 +86,5 @@ kvlab.exercises.check(answers, out)
 # ## More to try
 #
 # 1. At which batch size does decode throughput stop doubling when the batch doubles?
-# 2. Lower `kv_cache_gib` until `preemptions` appear. Compare that batch size with `capacity.tokens ÷ (prompt + output)`.
+# 2. Lower `kv_cache_gib` until `preemptions` appear. Compare that batch size with `fit_at_once` — and with the naive
+#    `capacity.tokens ÷ (prompt + output)`, which forgets that every sequence rounds up to whole blocks.

@@ -20,7 +20,8 @@
 # 2. compare real models (MHA, GQA, MQA, sliding windows, MLA) and see how many users fit on an 80 GiB and a 141 GiB card;
 # 3. play with a calculator;
 # 4. **prove the formula against a live vLLM engine** — for three attention layouts of the same model;
-# 5. halve the cache with an fp8 KV cache, and check what that does to answers.
+# 5. see what a sliding window really saves: what the layer needs, and what vLLM reserves for it (proved on the engine);
+# 6. halve the cache with an fp8 KV cache, and check what that does to answers.
 
 # %%
 import kvlab
@@ -71,8 +72,20 @@ print(f"with query heads: {wrong / 2**30:5.1f} GiB  ({wrong / total:.0f}× too m
 # - **MHA** (Llama-2-7B): one K/V head per query head — the expensive baseline;
 # - **GQA** (Llama-3.1, Mistral, Qwen2.5, Gemma-2, SmolLM2): a few K/V heads shared by groups of query heads;
 # - **MQA** (Falcon-7B): a single K/V head for all 71 query heads;
-# - **sliding windows** (Mistral-7B-v0.1 on every layer, Gemma-2 on every other layer): a layer keeps only the last 4,096 tokens;
+# - **sliding windows** (Mistral-7B-v0.1 on every layer, Gemma-2 on every other layer, Gemma-3 on five layers of
+#   six): a layer *needs* only the last window of tokens (4,096; 1,024 for Gemma-3) — section 5 shows what vLLM
+#   actually reserves for it;
 # - **MLA** (DeepSeek-V3): one compressed latent (512 + 64 values) per token and layer instead of K and V.
+#
+# Gemma-3-4B's `config.json` does not even state its head counts, head size or 5:1 layer pattern: they are the
+# defaults of transformers' `Gemma3TextConfig`. `kvlab.sizing` reads configs the way transformers does, so those
+# defaults are filled, and each layer's kind comes from the layer list transformers computes.
+#
+# Other ways to shrink the cache exist that no preset here uses (named for orientation, not checked on an engine):
+# **cross-layer KV sharing** (upper layers reuse a lower layer's K and V: YOCO, Gemma 3n), **hybrid state-space or
+# linear-attention layers** that keep a fixed-size state instead of one entry per token (Jamba, Qwen3-Next), **sparse
+# attention** that reads only selected tokens' KV at each step (DeepSeek-V3.2's DSA — less bandwidth, though the cache
+# still holds every token), and **KV quantization below 8 bits** (KIVI's 2-bit keys and values, LMDeploy's int4 KV).
 
 # %%
 table = sizing.preset_table("bf16")
@@ -84,9 +97,13 @@ kvlab.plots.bytes_per_token_bar(table, "bf16").show()
 # %% [markdown]
 # ### How many sequences fit on one card?
 #
-# The engine's KV budget is what is left of the usable memory (90 %) after the weights. The chart below shows how many
-# full-context sequences fit at 8k, 32k and 128k tokens on an 80 GiB card (A100/H100) and a 141 GiB card (H200),
-# bf16 weights and KV, blocks of 16 tokens. Hatched bars are contexts beyond the model's own limit.
+# The engine's KV budget is what is left of the usable memory — vLLM's default share, 92 % — after the weights and
+# an allowance for everything else a running engine needs (activations of one step, CUDA graphs, non-torch memory:
+# 1.5 GiB here, `sizing.DEFAULT_OVERHEAD_GIB`). The chart below shows how many full-context sequences fit at 8k, 32k
+# and 128k tokens on an 80 GiB card (A100/H100) and a 141 GiB card (H200), bf16 weights and KV, blocks of 16
+# tokens, sliding layers counted at their window. Hatched bars are contexts beyond the model's own limit. These are
+# **upper bounds**: the engine measures its real overhead when it starts, and reserves more than the window for
+# sliding layers (section 5).
 
 # %%
 contexts, cards = [8192, 32768, 131072], [80, 141]
@@ -123,30 +140,42 @@ kvlab.widgets.kv_calculator()
 # ## 4. Proving it against the engine
 #
 # The formula is a sketch until a real engine agrees. We give vLLM a **fixed 1 GiB KV budget** and read back how many
-# tokens it allocated, for the course model (GQA: 9 query heads, **3** KV heads) and for two random-weight copies
-# of it built locally that differ *only* in their KV heads: **MHA (9)** and **MQA (1)**. Same layers, same size; the
-# hand formula predicts 1/3× and 3× the capacity. The engine allocates whole blocks, so we allow one block of difference.
+# blocks it allocated, for the chosen model and for random-weight copies of it built locally that differ *only* in
+# their KV heads: **MHA** (as many KV heads as query heads) and **MQA** (one). Same layers, same size; the hand
+# formula predicts capacities in the inverse ratio of the KV heads. The engine allocates whole blocks, so we allow
+# one block of difference.
 #
 # Each engine starts in eager mode: we measure memory here, not speed.
 
 # %%
 from kvlab import experiments, model
 
-layouts = {"GQA (course model)": None, "MHA (9 KV heads)": str(model.prepare_kv_variant(9)), "MQA (1 KV head)": str(model.prepare_kv_variant(1))}
+chosen = sizing.load_arch(kvlab.resolve_model())
+print(f"The chosen model: {chosen.layers} layers, {chosen.query_heads} query heads, {chosen.kv_heads} KV heads of {chosen.head_dim} ({chosen.attention}).")
+layouts = {f"{chosen.attention}: the chosen model ({chosen.kv_heads} KV heads)": None}
+if chosen.attention == "MLA":
+    print("An MLA model has no KV heads to vary: the MHA and MQA copies are skipped.")
+else:
+    if chosen.kv_heads != chosen.query_heads:
+        layouts[f"MHA copy ({chosen.query_heads} KV heads)"] = str(model.prepare_kv_variant(chosen.query_heads))
+    if chosen.kv_heads != 1:
+        layouts["MQA copy (1 KV head)"] = str(model.prepare_kv_variant(1))
 rows = []
 for label, path in layouts.items():
     row, _ = experiments.capacity_check(path, kv_cache_gib=1.0, dtype="bfloat16")
     rows.append({"layout": label} | row)
 checks = pd.DataFrame(rows)
-checks[["layout", "kv_heads", "hand_bytes_per_token", "engine_bytes_per_token", "hand_tokens", "engine_tokens", "difference_blocks"]]
+checks["formula_ratio"] = chosen.kv_heads / checks.kv_heads
+checks["engine_ratio"] = checks.engine_tokens / checks.engine_tokens[0]
+checks[["layout", "kv_heads", "hand_bytes_per_token", "engine_bytes_per_token", "hand_tokens", "engine_tokens", "difference_blocks",
+        "formula_ratio", "engine_ratio"]]
 
 # %%
 assert (checks.hand_bytes_per_token == checks.engine_bytes_per_token).all()
 assert (checks.difference_blocks.abs() <= 1).all(), "engine and hand formula disagree by more than one block"
-gqa = checks.engine_tokens[0]
-ratios = checks.engine_tokens / gqa
-assert abs(ratios[1] - 1 / 3) < 0.02 and abs(ratios[2] - 3) < 0.06, ratios
-print(f"MHA holds {ratios[1]:.3f}× and MQA {ratios[2]:.3f}× the tokens of GQA (formula: 0.333× and 3×).")
+assert ((checks["engine_ratio"] - checks["formula_ratio"]).abs() <= 0.02 * checks["formula_ratio"]).all(), checks
+print("; ".join(f"{r.layout} holds {r.engine_ratio:.3f}× the tokens of the chosen model (formula {r.formula_ratio:.3f}×)"
+                for r in checks.itertuples()))
 
 # %% tags=["key-figure"]
 import plotly.express as px
@@ -156,7 +185,56 @@ px.bar(checks, x="layout", y=["hand_tokens", "engine_tokens"], barmode="group",
        labels={"value": "tokens of KV cache", "variable": ""}).show()
 
 # %% [markdown]
-# ## 5. KV precision: fp8 halves the cache — what does it cost?
+# ## 5. Sliding windows: what the layer needs, and what vLLM reserves
+#
+# A sliding-window layer only attends to the last `window` tokens, so in principle it needs only `window` tokens of
+# KV per sequence. vLLM 0.32 reserves more, for a reason: it frees a block that slid out of the window only after the
+# tokens of the step in flight are settled, so each request may hold `window − 1 + max_num_batched_tokens` tokens
+# (× concurrent batches: 1 on a CPU, 2 with async scheduling on a GPU), at most `max_model_len`, plus one block
+# because the window need not start on a block boundary (`vllm/v1/kv_cache_interface.py`:
+# `SlidingWindowSpec.max_admission_blocks_per_request`). `kvlab.sizing.vllm_kv_plan` does the engine's arithmetic.
+#
+# To prove it we build one more copy of the chosen model in which **every layer slides over 256 tokens**, and read
+# the engine's block count and the number of `max_model_len`-token sequences it says fit, with its default token
+# budget per step and with a small one.
+
+# %%
+window = 256
+sliding_model = str(model.prepare_sliding_variant(window))
+rows = []
+for step_tokens in (None, 512):
+    args = {"max_num_batched_tokens": step_tokens} if step_tokens else {}
+    row, _ = experiments.capacity_check(sliding_model, kv_cache_gib=1.0, dtype="bfloat16", **args)
+    rows.append(row)
+sliding = pd.DataFrame(rows)
+sliding[["max_model_len", "max_num_batched_tokens", "hand_blocks", "engine_blocks", "ideal_blocks_per_request",
+         "hand_blocks_per_request", "engine_blocks_per_request", "ideal_max_concurrency", "hand_max_concurrency",
+         "engine_max_concurrency"]].round(2)
+
+# %%
+assert (sliding.hand_blocks - sliding.engine_blocks).abs().max() <= 1
+assert (sliding.hand_blocks_per_request - sliding.engine_blocks_per_request).abs().max() <= 1, "more than one block apart"
+full_conc = checks.engine_max_concurrency[0]
+compare = pd.DataFrame({
+    "layout": ["full attention (the chosen model)", f"window {window}: what the layers need (ideal)",
+               *(f"window {window}: what vLLM reserves ({int(r.max_num_batched_tokens):,} tokens per step)" for r in sliding.itertuples())],
+    "sequences that fit": [full_conc, sliding.ideal_max_concurrency[0], *sliding.engine_max_concurrency]})
+px.bar(compare, x="layout", y="sequences that fit",
+       title=f"Sequences of {int(sliding.max_model_len[0]):,} tokens in 1 GiB of KV (engine's report; the ideal by hand)",
+       labels={"sequences that fit": "sequences of max_model_len (engine's max concurrency)"}).show()
+default_step = int(sliding.max_num_batched_tokens[0])
+print(f"A {window}-token window needs {int(sliding.ideal_blocks_per_request[0])} blocks per sequence; vLLM reserves "
+      f"{sliding.engine_blocks_per_request[0]:.0f} with {default_step:,} tokens per step and {sliding.engine_blocks_per_request[1]:.0f} with 512 "
+      f"(full attention: {checks.engine_blocks[0] / full_conc:.0f}).")
+
+# %% [markdown]
+# With the default step budget the reservation is `min(255 + step tokens, max_model_len)`: at a short `max_model_len`
+# the window saves nothing at all. A smaller `max_num_batched_tokens` brings the reservation towards the window — at
+# the price of prefilling long prompts in more, smaller steps (lesson 04). The same arithmetic sizes Gemma-3's five
+# local layers of six; `sizing.vllm_kv_plan` also groups the layers the way the engine does.
+
+# %% [markdown]
+# ## 6. KV precision: fp8 halves the cache — what does it cost?
 #
 # Storing K and V in 8 bits instead of 16 halves the bytes per token, so the same budget holds twice the tokens.
 # First the capacity, then the seed's warning — *"enabling FP8 KV without task evals"* — made concrete: the same
@@ -198,9 +276,12 @@ Markdown(f"""
   **{per_seq / 2**30:.0f} GiB per 8k sequence**, **{total / 2**30:.0f} GiB for 16 sequences**; sizing it with query heads
   gives {wrong / 2**30:.0f} GiB, {wrong / total:.0f}× too much.
 - On an 80 GiB card, Llama-3.1-8B fits **{l8[0]}** sequences at 8k tokens and **{l8[1]}** at 128k.
-- The live engine agreed with the hand formula to within one block for GQA, MHA and MQA layouts of the course
-  model: {', '.join(f"{r.layout} {r.engine_tokens:,} tokens" for r in checks.itertuples())} in 1 GiB
-  (MHA {ratios[1]:.3f}×, MQA {ratios[2]:.3f}× of GQA).
+- The live engine agreed with the hand formula to within one block for every KV-head layout of the chosen model:
+  {', '.join(f"{r.layout} {r.engine_tokens:,} tokens" for r in checks.itertuples())} in 1 GiB.
+- A {window}-token sliding window *needs* {int(sliding.ideal_blocks_per_request[0])} blocks per sequence, but vLLM reserved
+  {sliding.engine_blocks_per_request[0]:.0f} with {default_step:,} tokens per step ({sliding.engine_max_concurrency[0]:.1f} sequences of
+  {int(sliding.max_model_len[0]):,} tokens fit, against {full_conc:.1f} with full attention) and {sliding.engine_blocks_per_request[1]:.0f} with 512
+  ({sliding.engine_max_concurrency[1]:.1f} fit) — exactly as `sizing.vllm_kv_plan` computed, to one block.
 - An fp8 KV cache held **{capacity_ratio:.2f}×** the tokens of bf16. On the {n}-task set, **{changed}** outputs changed;
   the checks passed {pass_base}/{n} (bf16 KV) and {pass_fp8}/{n} (fp8 KV). The capacity gain is certain; what it
   does to answers is only known by running your own task checks.
@@ -211,7 +292,11 @@ Markdown(f"""
 #
 # 1. A colleague plans 40 users × 32k tokens of Qwen2.5-7B on one 80 GiB card. Use the calculator: does it fit in bf16?
 #    In fp8?
-# 2. Why does Mistral-7B-v0.1 fit the same number of sequences at 8k, 32k and 128k? What would you lose by serving it at 128k?
+# 2. Mistral-7B-v0.1 slides every layer over 4,096 tokens, so the *ideal* formula fits the same number of
+#    sequences at 8k, 32k and 128k. Ask the engine's arithmetic instead: `sizing.vllm_kv_plan(sizing.load_arch("Mistral-7B-v0.1"),
+#    budget, max_model_len, "bf16", 16, max_num_batched_tokens=8192, concurrent_batches=2)` for a 60 GiB budget at each
+#    length. How many blocks does vLLM reserve per sequence, and how many sequences fit? Which setting brings it
+#    towards the ideal, and what does that cost?
 # 3. Gemma-2-9B has fewer KV heads than Llama-2-7B but a larger `head_dim`. Compute its bytes per token by hand and
 #    check the table.
 # 4. Start an engine with `kvlab.experiments.capacity_check(None, kv_cache_gib=2.0, dtype="bfloat16")`. Predict the

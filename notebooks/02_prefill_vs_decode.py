@@ -14,9 +14,9 @@
 #
 # > *Measure TTFT vs decode speed for short vs long prompts on one model. Plot both; annotate which phase dominates each case.*
 #
-# The claim to test: **prefill is compute-bound and sets TTFT; decode is memory-bandwidth-bound and sets TPOT.**
-# We measure this machine's compute and bandwidth limits first, turn them into lower bounds for every request, and see
-# how close the engine gets.
+# The claim to test: **prefill sets TTFT and is compute-bound — above a prompt length this lesson computes for
+# this machine —, decode sets TPOT and is memory-bandwidth-bound.** We measure this machine's compute and bandwidth
+# limits first, turn them into lower bounds for every request, and see how close the engine gets.
 
 # %%
 import kvlab
@@ -31,10 +31,14 @@ env = kvlab.print_env()
 #
 # - **TTFT** — arrival → first output token (queue + prefill). **Prefill time** — scheduled → first token.
 # - **TPOT** — (last token − first token) ÷ (output tokens − 1): the stream's pace, first token excluded.
-# - **ITL** — every gap between consecutive tokens; its mean is TPOT, its tail shows stalls.
+# - **ITL** — every gap between consecutive chunks of the stream; its tail shows stalls. Within one request whose
+#   chunks carry one token each, its mean is that request's TPOT. Not in general: vLLM's `bench serve` pools the gaps
+#   of all requests (long requests weigh more), and a chunk can carry several tokens (speculative decoding) — then
+#   one gap covers several tokens.
 # - **E2E latency** — arrival → last token = TTFT + decode time.
 #
-# Benchmark tools disagree on the names — compare numbers only after checking definitions:
+# Benchmark tools disagree on the names — and change them between versions. The table names the versions it
+# describes; compare numbers only after checking definitions:
 
 # %%
 import pandas as pd
@@ -63,6 +67,38 @@ pd.Series({"matmul peak (GFLOP/s)": limits.matmul_flops / 1e9, "memory bandwidth
            "KV bytes per token": cost.kv_bytes_per_token}, name="this machine").to_frame()
 
 # %% [markdown]
+# ### Where prefill turns compute-bound
+#
+# Prefill must do `2 × weights` FLOPs per prompt token (plus attention), but it must also read every weight once,
+# however short the prompt. Its lower bound is therefore the **larger** of the two times: compute time
+# (FLOPs ÷ peak FLOP/s) or memory time (bytes ÷ bandwidth). Which one wins depends on the machine's **ridge point**
+# — peak FLOP/s ÷ bandwidth, the FLOPs a kernel must do per byte it reads to keep the arithmetic units busy. Prefill
+# does about 2 FLOPs per weight per token and reads each weight's bytes once, so it turns compute-bound from about
+# `ridge × bytes per weight ÷ 2` prompt tokens. Here, and for one GPU from its datasheet:
+
+# %%
+from kvlab import sizing
+
+ridge, from_tokens = roofline.ridge_point(limits), cost.compute_bound_from(limits)
+gpu = roofline.H100_SXM_BF16
+gpu_cost = roofline.ModelCost.from_config(llm.llm_engine.vllm_config.model_config.hf_config, 2, cost.kv_bytes_per_token * 2 // cost.bytes_per_param)
+llama8b = roofline.ModelCost.from_config(sizing.load_preset("Llama-3.1-8B")["config"], 2, 2 * 32 * 8 * 128 * 2)
+pd.DataFrame([
+    {"machine": f"this machine ({limits.dtype})", "ridge (FLOP/byte)": ridge, "bytes per weight": cost.bytes_per_param,
+     "prefill compute-bound from (tokens)": from_tokens},
+    {"machine": f"{gpu.device}, this model in bf16", "ridge (FLOP/byte)": roofline.ridge_point(gpu), "bytes per weight": 2,
+     "prefill compute-bound from (tokens)": gpu_cost.compute_bound_from(gpu)},
+    {"machine": f"{gpu.device}, Llama-3.1-8B in bf16", "ridge (FLOP/byte)": roofline.ridge_point(gpu), "bytes per weight": 2,
+     "prefill compute-bound from (tokens)": llama8b.compute_bound_from(gpu)},
+]).round(1)
+
+# %% [markdown]
+# On a GPU the ridge is ~50× higher than on this CPU: short prompts there are bound by reading the weights, not by
+# arithmetic — an 8B model's 16-token prompt needs ~0.24 ms of compute on an H100 but ~4.5 ms to read 15 GB of
+# weights. The sweep below starts at 128 tokens, past this machine's threshold, so every bound in it is a compute bound
+# (the bound column says which applied).
+
+# %% [markdown]
 # ## 3. The sweep: TTFT and TPOT vs prompt length
 #
 # One request at a time, warm-up first, each prompt cut from a different place in real text (`data/text/`), exact
@@ -79,7 +115,9 @@ summary = summary.merge(runs.groupby("prompt_tokens", as_index=False)[["ttft_bou
 (summary.set_index("prompt_tokens").drop(columns="requests") * 1e3).round(1).add_suffix(" (ms)")
 
 # %% tags=["key-figure"]
-kvlab.plots.metric_vs_prompt(summary, "ttft_s", "ttft_bound_s", "TTFT grows with the prompt (prefill)", "TTFT (ms, log)", log_y=True).show()
+from_tokens = cost.compute_bound_from(limits)  # with the peaks seen before or after the sweep
+fig = kvlab.plots.metric_vs_prompt(summary, "ttft_s", "ttft_bound_s", "TTFT grows with the prompt (prefill)", "TTFT (ms, log)", log_y=True)
+kvlab.plots.mark_compute_bound(fig, from_tokens, summary.prompt_tokens.max()).show()
 kvlab.plots.metric_vs_prompt(summary, "tpot_s", "tpot_bound_s", "TPOT barely moves (decode)", "TPOT (ms)").show()
 
 # %% [markdown]
@@ -93,6 +131,8 @@ ttft_ratio = med.ttft_s_p50.iloc[-1] / med.ttft_s_p50.iloc[0]
 tpot_ratio = med.tpot_s_p50.max() / med.tpot_s_p50.min()
 print(f"prompt {length_ratio:.0f}× longer → TTFT {ttft_ratio:.1f}×, TPOT {tpot_ratio:.2f}×")
 print(f"measured ÷ bound: TTFT {runs.ttft_over_bound.min():.2f}–{runs.ttft_over_bound.max():.2f}, TPOT {runs.tpot_over_bound.min():.2f}–{runs.tpot_over_bound.max():.2f}")
+print(f"ridge point {ridge:.1f} FLOP/byte: prefill is compute-bound from {from_tokens} prompt tokens here; "
+      f"bounds in the sweep: {', '.join(f'{k} ({n})' for k, n in runs.ttft_bound_kind.value_counts().items())}")
 assert length_ratio >= 8 and ttft_ratio >= 3, (length_ratio, ttft_ratio)
 assert tpot_ratio - 1 < (ttft_ratio - 1) / 4, (tpot_ratio, ttft_ratio)
 assert (runs.ttft_over_bound >= 0.9).all() and (runs.tpot_over_bound >= 0.9).all(), "a request beat its bound: the bound is wrong"
@@ -171,6 +211,8 @@ bound_sentence = (f"No request beat its bound (lowest measured ÷ bound: TTFT {r
 def pct(x):
     return f"{x:.0f} %"
 Markdown(f"""
+- This machine's ridge point is **{ridge:.1f} FLOP/byte** ({limits.dtype}), so prefill is **compute-bound from
+  {from_tokens} prompt tokens** (an H100 in bf16: {roofline.ridge_point(gpu):.0f} FLOP/byte, from {gpu_cost.compute_bound_from(gpu)} tokens for this model).
 - Going from {shortest:,} to {longest:,} prompt tokens ({length_ratio:.0f}×), median **TTFT grew {ttft_ratio:.1f}×**
   ({med.ttft_s_p50.iloc[0] * 1e3:.0f} → {med.ttft_s_p50.iloc[-1] * 1e3:.0f} ms) while median **TPOT changed {tpot_ratio:.2f}×**
   ({med.tpot_s_p50.iloc[0] * 1e3:.1f} → {med.tpot_s_p50.iloc[-1] * 1e3:.1f} ms): prefill sets TTFT, decode's pace hardly depends on the prompt.
@@ -189,7 +231,7 @@ Markdown(f"""
 # 1. Using the crossover plot: for a chat app whose answers average 200 tokens, which phase dominates at a 1,000-token
 #    prompt? At an 8,000-token RAG prompt?
 # 2. Prefill's achieved FLOP/s rises with prompt length. Why are short prompts less efficient? (Hint: how many tokens share
-#    each read of the weights?)
+#    each read of the weights? Compare with the prompt length from which prefill is compute-bound here.)
 # 3. Restart the engine with `dtype="bfloat16"` (or `enforce_eager=True`) and re-run sections 3–4. Which percentage moves?
 # 4. The TPOT bound grows with the prompt. Which term of `decode_step_bytes` causes that, and at what prompt length would it
 #    equal the weights?

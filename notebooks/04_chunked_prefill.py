@@ -11,8 +11,11 @@
 #
 # An engine runs one step at a time, and every running request shares it. A long prefill — a document ingest, a RAG prompt
 # — is a lot of work for one step: while it runs, every user who is streaming an answer waits for their next token.
-# **Chunked prefill** splits a long prompt into pieces of at most `max_num_batched_tokens` tokens per step, so the
-# decoders' tokens keep flowing between pieces. The price: the long prompt itself takes more steps to its first token.
+# **Chunked prefill** splits a long prompt into pieces, so the decoders' tokens keep flowing between pieces. Each step
+# has one token budget, `max_num_batched_tokens`, shared by every request in it: vLLM's scheduler serves the
+# *running* requests first — each decoding user takes its one token — and a prefill chunk gets what is left of the
+# budget (`vllm/v1/core/sched/scheduler.py`, "First, schedule the RUNNING requests"). The price: the long prompt
+# itself takes more steps to its first token.
 #
 # You will measure that trade-off on a real engine: a few chat users streaming, one long prompt arriving mid-stream,
 # with chunked prefill off and with several token budgets; then a short prompt stuck behind a long one.
@@ -97,8 +100,11 @@ assert small_max < off_max, (small_max, off_max)
 #
 # Admission is a queue too. A long prompt arrives at t = 0, a short interactive one 50 ms later (its TTFT counts from its
 # arrival). Without chunking the short one waits for the long prompt's whole prefill. Chunking alone does not save it
-# either: the long prompt's chunks fill every step's token budget first. vLLM's `long_prefill_token_threshold` caps how
-# many tokens of a *long* prompt one step may take, leaving room for short ones in the same step.
+# either: once the long prompt is running, its chunks take every step's budget before a waiting request is admitted.
+# vLLM's `long_prefill_token_threshold` caps how many tokens of a *long* prompt one step may take, leaving room for
+# short ones in the same step. It only acts when there is someone to make room for: with a single request in the
+# engine the scheduler sets it to 0 and the prompt uses the whole budget (same file: "When it is the only request
+# there is nobody to starve").
 
 # %%
 behind_df = pd.DataFrame(behind).set_index("config")

@@ -10,12 +10,13 @@
 # # 05 · Batching — throughput against latency
 #
 # Decode is bound by memory bandwidth: each step reads all the weights to produce **one** token per sequence. Run many
-# sequences in the same step and that one read serves all of them — throughput rises almost for free, until compute or the
-# KV cache runs out. The cost lands on latency: every request in a bigger batch waits for more work per step (TPOT) and
-# for more prompts ahead of it (TTFT).
+# sequences in the same step and that one read of the **weights** serves all of them — throughput rises almost for free.
+# Not the KV cache: every sequence still reads its *own* keys and values each step, so the gain shrinks as contexts grow
+# and those reads take over, and it stops when compute or the KV budget runs out. The cost lands on latency: every
+# request in a bigger batch waits for more work per step (TPOT) and for more prompts ahead of it (TTFT).
 #
-# You will measure: offline batches from 1 to many sequences, continuous arrivals at rising rates, and the point where the
-# KV budget — lesson 01's number — caps how many sequences can run at once.
+# You will measure: offline batches from 1 to many sequences — at a short and at a long context —, continuous arrivals at
+# rising rates, and the point where the KV budget — lesson 01's number — caps how many sequences can run at once.
 
 # %%
 import kvlab
@@ -28,16 +29,20 @@ env = kvlab.print_env()
 #
 # B distinct prompts submitted together, exactly the same number of output tokens each, prefix cache emptied before each
 # batch, a warm-up batch first, several repeats. *Decode throughput* = B ÷ TPOT: tokens per second while all B sequences
-# decode together (valid only when they all fit at once — section 3). *Output throughput* = the batch's output tokens ÷ its
+# decode together (valid only when they all fit at once — section 3 — and when all their prompts are prefilled in one
+# step: the engine's per-step token budget is raised to 8,192 so no prompt's prefill chunk lands among the decode steps). *Output throughput* = the batch's output tokens ÷ its
 # wall time, prefill and any waiting included.
 
 # %%
-from kvlab import experiments, timing
+import pandas as pd
+import plotly.express as px
 
-llm = kvlab.make_engine(enable_prefix_caching=False)
-batch_sizes = kvlab.pick([1, 2, 4, 8, 16, 32, 64], [1, 4, 16])
+from kvlab import experiments, roofline, timing
+
+llm = kvlab.make_engine(enable_prefix_caching=False, max_num_batched_tokens=8192)  # a whole batch's prompts in one step
+batch_sizes = kvlab.pick([1, 4, 8, 16, 32, 64], [1, 8, 16])
 prompt_tokens, output_tokens = 128, kvlab.pick(64, 32)
-batches = experiments.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens, repeats=kvlab.pick(3, 2))
+batches = experiments.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens, repeats=2)
 summary = experiments.batch_summary(batches)
 summary.round(3)
 
@@ -63,6 +68,40 @@ assert gain >= 2, gain
 assert b.ttft_s_p50[last] > b.ttft_s_p50[first]
 
 # %% [markdown]
+# ### Batching shares the weights, not the KV cache
+#
+# One decode step of B sequences must read the weights once, but each sequence's KV cache of its whole context:
+# `bytes = weights + B × KV bytes per token × context` (`roofline.ModelCost.batch_decode_step_bytes`). At a short
+# context the weights dominate and B sequences cost little more than one; at a long context the KV term grows with B,
+# and the gain from batching levels off. The same batch sizes again, now with 1,024-token prompts:
+
+# %%
+long_prompt = 1024
+long_sizes = [1, 8]
+long_batches = experiments.batch_sweep(llm, long_sizes, long_prompt, output_tokens, repeats=kvlab.pick(2, 1))
+long_summary = experiments.batch_summary(long_batches)
+cost = roofline.engine_cost(llm)
+rows = []
+for context, table in ((prompt_tokens, summary), (long_prompt, long_summary)):
+    base = table.set_index("batch_size").decode_tok_s[1]
+    mid = context + output_tokens / 2  # the average context a decode step reads
+    for r in table.itertuples():
+        rows.append({"prompt tokens": context, "batch size": r.batch_size, "measured gain": r.decode_tok_s / base,
+                     "bandwidth model": r.batch_size * cost.batch_decode_step_bytes(1, mid) / cost.batch_decode_step_bytes(r.batch_size, mid),
+                     "KV share of the step's bytes": r.batch_size * cost.kv_bytes_per_token * mid / cost.batch_decode_step_bytes(r.batch_size, mid)})
+gains = pd.DataFrame(rows)
+gains.round(2)
+
+# %%
+px.line(gains, x="batch size", y=["measured gain", "bandwidth model"], color="prompt tokens", markers=True, line_dash="variable",
+        title="Decode throughput ÷ batch 1: batching pays less at long context (each sequence reads its own KV)",
+        labels={"value": "decode throughput relative to batch 1", "batch size": "batch size (sequences)"}).show()
+top = max(long_sizes)
+g = gains.set_index(["prompt tokens", "batch size"])["measured gain"]
+print(f"batch {top}: decode throughput ×{g[prompt_tokens, top]:.1f} at {prompt_tokens}-token prompts, ×{g[long_prompt, top]:.1f} at {long_prompt:,}")
+assert g[long_prompt, top] < g[prompt_tokens, top], "the long context should gain less from batching"
+
+# %% [markdown]
 # ## 2. Continuous arrivals
 #
 # A server doesn't get batches; it gets arrivals. vLLM's *continuous batching* adds new requests to the running batch at
@@ -70,7 +109,6 @@ assert b.ttft_s_p50[last] > b.ttft_s_p50[first]
 # run at once — throughput rises, and so does each request's latency.
 
 # %%
-import pandas as pd
 from transformers import AutoTokenizer
 
 from kvlab import workload
@@ -91,8 +129,6 @@ arrivals = pd.DataFrame(rows)
 arrivals.round(1)
 
 # %%
-import plotly.express as px
-
 px.line(arrivals, x="mean requests in flight", y=["output throughput (tok/s)", "TPOT p50 (ms)", "TTFT p50 (ms)"], markers=True, log_y=True,
         title="Continuous batching: more in flight → more throughput, slower tokens", labels={"value": "tok/s or ms (log)", "variable": ""}).show()
 
@@ -107,8 +143,8 @@ px.line(arrivals, x="mean requests in flight", y=["output throughput (tok/s)", "
 kvlab.close_engine(llm)
 tight = kvlab.make_engine(enable_prefix_caching=False, enforce_eager=True, max_model_len=1024, kv_cache_gib=0.05)
 cap = kvlab.kv_capacity(tight)
-blocks_per_seq = -(-(prompt_tokens + output_tokens) // cap.block_size)  # ceil: whole blocks
-predicted = cap.num_blocks // blocks_per_seq
+blocks_per_seq = kvlab.sizing.blocks_needed(prompt_tokens + output_tokens, cap.block_size)  # whole blocks, rounded up
+predicted = kvlab.sizing.sequences_that_fit(cap.num_blocks, cap.block_size, prompt_tokens + output_tokens)
 print(f"{cap}\neach sequence needs {blocks_per_seq} blocks → at most {predicted} sequences at once")
 capped = experiments.batch_sweep(tight, [predicted, 4 * predicted], prompt_tokens, output_tokens, repeats=1)
 capped_summary = experiments.batch_summary(capped)
@@ -136,6 +172,10 @@ Markdown(f"""
 - From batch {first} to batch {last}, decode throughput rose **{gain:.1f}×** ({b.decode_tok_s[first]:.0f} → {b.decode_tok_s[last]:.0f} tok/s)
   while median TPOT went {b.tpot_s_p50[first] * 1e3:.0f} → {b.tpot_s_p50[last] * 1e3:.0f} ms and median TTFT
   {b.ttft_s_p50[first] * 1e3:.0f} → {b.ttft_s_p50[last] * 1e3:.0f} ms: the batch helps the machine, each user waits longer.
+- Batching shares the weight read, not the KV reads: at batch {top}, decode throughput grew **×{g[prompt_tokens, top]:.1f}** with
+  {prompt_tokens}-token prompts but only **×{g[long_prompt, top]:.1f}** with {long_prompt:,}-token prompts, where each sequence's own KV
+  made up {gains.set_index(["prompt tokens", "batch size"])["KV share of the step's bytes"][long_prompt, top]:.0%} of the step's bytes (bandwidth model:
+  ×{gains.set_index(["prompt tokens", "batch size"])["bandwidth model"][prompt_tokens, top]:.1f} and ×{gains.set_index(["prompt tokens", "batch size"])["bandwidth model"][long_prompt, top]:.1f}).
 - With continuous arrivals, {arrivals['mean requests in flight'].iloc[-1]:.1f} requests in flight gave
   {arrivals['output throughput (tok/s)'].iloc[-1]:.0f} tok/s against {arrivals['output throughput (tok/s)'].iloc[0]:.0f} tok/s at
   {arrivals['mean requests in flight'].iloc[0]:.1f} in flight; TTFT p95 went {arrivals['TTFT p95 (ms)'].iloc[0]:.0f} →
@@ -151,5 +191,8 @@ Markdown(f"""
 # ## Exercises
 #
 # 1. Where does decode throughput stop growing on this machine? What limit has it reached (lesson 02)?
-# 2. Your SLO is TTFT p95 < 1 s. What is the largest arrival rate that meets it here?
-# 3. Double `kv_cache_gib` of the tight engine. Predict the new number of sequences before you run it.
+# 2. With `roofline.ModelCost.from_config(kvlab.sizing.load_preset("Llama-3.1-8B")["config"], 2, 131072)` and its
+#    `batch_decode_step_bytes`, find the context length at which an 8B model's KV reads (bf16, 8 KV heads
+#    of 128) equal its weight reads at batch 32. What does batching still buy beyond it?
+# 3. Your SLO is TTFT p95 < 1 s. What is the largest arrival rate that meets it here?
+# 4. Double `kv_cache_gib` of the tight engine. Predict the new number of sequences before you run it.

@@ -212,7 +212,7 @@ print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft
 # | Prompt and output tokens not logged apart: a TTFT spike blamed on "the GPU got slower" | [06 · 5. (per request kind)](#5.-The-bad-dashboard), [02 · 5. Where the time goes](02_prefill_vs_decode.ipynb#5.-Where-the-time-goes:-short-vs-long-prompts-×-output-lengths) |
 # | Client TTFT read as engine TTFT (HTTP, template, detokenization are outside the engine) | [06 · 3. Client-side vs engine-side TTFT](#3.-Client-side-vs-engine-side-TTFT) |
 # | KV cache sized by guesswork | [01 · 4. Proving it against the engine](01_kv_cache_by_hand.ipynb#4.-Proving-it-against-the-engine) |
-# | fp8 KV cache assumed free | [01 · 5. KV precision](01_kv_cache_by_hand.ipynb#5.-KV-precision:-fp8-halves-the-cache-—-what-does-it-cost?) |
+# | fp8 KV cache assumed free | [01 · 6. KV precision](01_kv_cache_by_hand.ipynb#6.-KV-precision:-fp8-halves-the-cache-—-what-does-it-cost?) |
 # | A timestamp or version at the start of the prompt breaks every prefix hit | [03 · 4. Token identity](03_prefix_caching.ipynb#4.-Token-identity:-what-breaks-a-hit) |
 # | Benchmarking prefix caching with unique synthetic prompts (zero benefit) | [03 · 5. Synthetic unique prompts](03_prefix_caching.ipynb#5.-Synthetic-unique-prompts:-zero-benefit) |
 # | One long prompt stalls every decoding user | [04 · 3. The stall, token by token](04_chunked_prefill.ipynb#3.-The-stall,-token-by-token) |

@@ -77,3 +77,39 @@ def test_sweep_rows_are_cold_and_tidy(engine):
 def test_too_long_prompt_is_refused_before_running(engine):
     with pytest.raises(kvlab.KVLabError, match="exceeds the engine's context"):
         kvlab.experiments.sweep(engine, [8190], [10], repeats=1)
+
+
+_CAPACITY_CHECKS = """
+import json, kvlab
+from kvlab import experiments, model
+hybrid = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(30)]
+layouts = {"all sliding": model.prepare_sliding_variant(256),
+           "5:1 hybrid": model.prepare_variant("hybrid5to1", None, sliding_window=256, layer_types=hybrid)}
+rows = {name: experiments.capacity_check(str(path), kv_cache_gib=1.0, dtype="bfloat16", max_num_batched_tokens=512)[0]
+        for name, path in layouts.items()}
+print(json.dumps(rows))
+"""
+
+
+def test_vllm_kv_plan_matches_the_engine_for_sliding_and_hybrid_layouts(model_dir):
+    """vLLM 0.32's own KV arithmetic (sizing.vllm_kv_plan) against its report: every layer sliding over 256 tokens,
+    and Gemma-3's pattern — five sliding layers to one full — on the course model's shapes (random weights). The
+    engines run in a separate process: closing an in-process engine tears down vLLM's process-wide parallel state,
+    which the session's shared engine still needs."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _CAPACITY_CHECKS], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    for name, row in rows.items():
+        assert row["engine_blocks"] == row["hand_blocks"], name
+        assert row["engine_max_concurrency"] == pytest.approx(row["hand_max_concurrency"]), name
+        assert row["ideal_max_concurrency"] > row["engine_max_concurrency"], name  # vLLM reserves more than the window
+    # by hand, all sliding: 1 GiB ÷ (128 tokens × 30 layers × 2·3·64·2 B) = 364 blocks; per request
+    # cdiv(min(255 + 512, 2048), 128) + 1 = 7 blocks → 52 sequences of 2,048 tokens
+    assert rows["all sliding"]["engine_blocks"] == 364 and rows["all sliding"]["engine_max_concurrency"] == pytest.approx(52)
+    # 5:1 hybrid: groups of 5 layers (1 full, 5 sliding); a block holds 5 layers → 2,184 blocks; per request
+    # 16 (full group, 2,048 tokens) + 5 × 7 (sliding groups) = 51 blocks
+    assert rows["5:1 hybrid"]["engine_blocks"] == 2**30 // (128 * 5 * 2 * 3 * 64 * 2) == 2184
+    assert rows["5:1 hybrid"]["engine_max_concurrency"] == pytest.approx(2184 / 51)

@@ -91,3 +91,15 @@ def test_env_variable_selects_the_model(monkeypatch, tmp_path):
 def test_kv_variant_must_divide_query_heads(model_dir):
     with pytest.raises(KVLabError, match=r"kv_heads=4 must divide the 9 query heads"):
         model.prepare_kv_variant(4)
+
+
+def test_variants_follow_the_chosen_model(model_dir):
+    """Variants are copies of whatever model is chosen, with only the named fields changed."""
+    second = model.prepare_second_model()
+    mha = model.prepare_kv_variant(8, base=str(second))  # the second model has 8 query heads
+    cfg = json.loads((mha / "config.json").read_text())
+    assert cfg["num_key_value_heads"] == 8 and cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["num_hidden_layers"] == 24
+    with pytest.raises(KVLabError, match=r"kv_heads=3 must divide the 8 query heads"):
+        model.prepare_kv_variant(3, base=str(second))
+    sliding = json.loads((model.prepare_sliding_variant(256) / "config.json").read_text())
+    assert sliding["sliding_window"] == 256 and set(sliding["layer_types"]) == {"sliding_attention"}

@@ -34,11 +34,57 @@ def test_decode_step_reads_weights_and_kv():
     assert cost().decode_step_bytes(1000) == 537_919_488 + 46_080_000
 
 
+def test_ttft_bound_is_the_larger_of_compute_and_memory_time():
+    limits = roofline.MachineLimits(matmul_flops=1e11, bandwidth=1e10, dtype="float32", device="cpu", threads=2)
+
+    def flops(n):
+        return 2 * LINEAR * n + 2 * LM_HEAD + 4 * (9 * 64) * 30 * n * (n + 1) / 2
+
+    def moved(n):
+        return (LINEAR + LM_HEAD) * 4 + 46080 * n  # every weight read once, the prompt's KV written
+
+    for n in (1, 16, 100, 1000):
+        assert cost().ttft_bound_s(n, limits) == pytest.approx(max(flops(n) / 1e11, moved(n) / 1e10))
+    # ridge point 10 FLOP/byte: fp32 weights (4 B) give 2 FLOPs per weight per token → compute-bound from ~20 tokens,
+    # a little later because writing each token's 46 kB of KV costs memory time too
+    assert roofline.ridge_point(limits) == 10
+    n_star = cost().compute_bound_from(limits)
+    assert n_star == next(n for n in range(1, 1000) if flops(n) / 1e11 >= moved(n) / 1e10) == 26
+    assert cost().ttft_bound_s(n_star, limits) == pytest.approx(cost().prefill_flops(n_star) / 1e11)
+    assert cost().ttft_bound_s(n_star - 1, limits) > cost().prefill_flops(n_star - 1) / 1e11  # below it: memory-bound
+
+
+def test_an_8b_model_on_an_h100_short_prompts_are_bound_by_weight_reads():
+    """Llama-3.1-8B in bf16: a 16-token prompt needs ~0.24 ms of compute but ~4.5 ms to read 15 GB of weights."""
+    h100 = roofline.H100_SXM_BF16
+    llama = roofline.ModelCost.from_config(load_preset("Llama-3.1-8B")["config"], bytes_per_param=2,
+                                          kv_bytes_per_token=2 * 32 * 8 * 128 * 2)
+    weights = 8_030_261_248 - 128_256 * 4096  # all but the input embedding (a lookup; the LM head is untied)
+    assert llama.linear_params + llama.lm_head_params == weights - 4096 * 65  # …and the 65 RMSNorm vectors
+    compute, memory = 2 * weights * 16 / 989.4e12, weights * 2 / 3.35e12
+    assert compute == pytest.approx(0.24e-3, rel=0.05) and memory == pytest.approx(4.5e-3, rel=0.05)
+    assert llama.ttft_bound_s(16, h100) == pytest.approx(memory, rel=0.01)
+    # ridge 295 FLOP/byte × 2 bytes per weight ÷ 2 FLOPs per weight per token ≈ 295 tokens
+    assert roofline.ridge_point(h100) == pytest.approx(295.3, rel=0.01)
+    assert llama.compute_bound_from(h100) == pytest.approx(295, rel=0.1)  # a little later: each token writes 128 KiB of KV
+
+
+def test_mixture_of_experts_decode_reads_only_the_routed_experts():
+    cfg = {"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2}
+    moe = roofline.ModelCost.from_config(cfg, bytes_per_param=2, kv_bytes_per_token=0)
+    expert = 3 * 4096 * 14336
+    dense = 32 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 4096 * 8) + 32000 * 4096  # attention, routers, LM head
+    assert moe.decode_step_bytes(0) == (dense + 32 * 2 * expert) * 2  # 2 of 8 experts per layer
+    assert moe.weights_read(1000) == (dense + 32 * 8 * expert) * 2  # a long prompt touches all of them
+
+
 def test_add_bounds_ratios():
     limits = roofline.MachineLimits(matmul_flops=1e11, bandwidth=1e10, dtype="float32", device="cpu", threads=2)
     df = pd.DataFrame({"prompt_tokens": [100], "output_tokens": [11], "ttft_s": [1.0], "tpot_s": [0.2], "prefill_s": [0.9]})
     out = roofline.add_bounds(df, cost(), limits)
-    assert out.ttft_bound_s[0] == pytest.approx(cost().prefill_flops(100) / 1e11)
+    assert out.ttft_bound_s[0] == pytest.approx(max(cost().prefill_flops(100) / 1e11, cost().prefill_bytes(100) / 1e10))
+    assert out.ttft_bound_kind[0] == "compute"
     assert out.tpot_bound_s[0] == pytest.approx(cost().decode_step_bytes(105.5) / 1e10)
     assert out.tpot_over_bound[0] == pytest.approx(0.2 / out.tpot_bound_s[0])
 

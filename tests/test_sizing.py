@@ -37,6 +37,51 @@ def test_sliding_window_layers_hold_only_the_window():
     mistral = sizing.load_arch("Mistral-7B-v0.1")  # every layer slides over 4,096 tokens
     assert sizing.kv_bytes(mistral, 32768, "bf16") == 32 * 4096 * (2 * 8 * 128 * 2)
     assert sizing.kv_bytes(mistral, 1000, "bf16") == 1000 * 131072  # short contexts are not affected
+    qwen = sizing.load_arch("Qwen2.5-7B-Instruct")  # sliding_window in its config, but use_sliding_window is false
+    assert qwen.sliding_layers == 0 and sizing.kv_bytes(qwen, 32768, "bf16") == 32768 * 2 * 28 * 4 * 128 * 2
+
+
+def test_gemma3_five_local_to_one_global_at_8k_from_a_config_that_omits_its_head_counts():
+    """google/gemma-3-4b-it's text_config omits num_attention_heads (8), num_key_value_heads (4), head_dim (256) and
+    the 5:1 pattern: transformers' Gemma3TextConfig defaults fill them. 34 layers: layers 6, 12, … 30 are global."""
+    arch = sizing.load_arch("Gemma-3-4B")
+    assert (arch.query_heads, arch.kv_heads, arch.head_dim, arch.layers) == (8, 4, 256, 34)
+    assert (arch.sliding_layers, arch.sliding_window) == (29, 1024)
+    per_layer_token = 2 * 4 * 256 * 2  # K and V, 4 KV heads, head_dim 256, bf16: 4,096 B
+    expected = 5 * 8192 * per_layer_token + 29 * 1024 * per_layer_token  # 167,772,160 + 121,634,816
+    assert expected == 289_406_976
+    assert sizing.kv_bytes(arch, 8192, "bf16") == expected
+    assert sizing.kv_bytes(arch, 8192, "bf16") > 2 * 34 * 1024 * per_layer_token  # not "all 34 layers slide"
+
+
+def test_a_config_with_omitted_fields_takes_the_model_class_defaults():
+    # LlamaConfig's defaults: 32 layers, 32 heads, hidden 4,096 → head_dim 128, no num_key_value_heads → MHA
+    arch = sizing.KVArch.from_config({"model_type": "llama", "vocab_size": 32000})
+    assert (arch.layers, arch.query_heads, arch.kv_heads, arch.head_dim, arch.attention) == (32, 32, 32, 128, "MHA")
+    assert sizing.bytes_per_token(arch, "bf16") == 2 * 32 * 32 * 128 * 2  # 524,288 B
+
+
+def test_vllm_reserves_more_than_the_window_for_a_sliding_layer():
+    # cdiv(min(window − 1 + max_num_batched_tokens × batches, max_model_len), block) + 1
+    assert sizing.sliding_window_blocks(4096, 32768, 16, 8192) == 768 + 1  # 4,095 + 8,192 = 12,287 tokens → 768 blocks
+    assert sizing.sliding_window_blocks(4096, 32768, 16, 8192, concurrent_batches=2) == 1280 + 1  # 20,479 → 1,280
+    assert sizing.sliding_window_blocks(4096, 8192, 16, 8192) == 512 + 1  # capped by max_model_len
+    assert sizing.sliding_window_blocks(256, 8192, 128, 512) == 6 + 1  # 255 + 512 = 767 tokens → 6 blocks of 128
+
+
+def test_vllm_plan_groups_layers_like_the_engine():
+    arch = sizing.load_arch("Gemma-3-4B")  # 5 full + 29 sliding: groups of 5 → 1 full group, 6 sliding (one padded)
+    plan = sizing.vllm_kv_plan(arch, 10 * GiB, max_model_len=8192, dtype="bf16", block_size=16, max_num_batched_tokens=8192)
+    assert (plan.group_size, plan.groups_full, plan.groups_sliding) == (5, 1, 6)
+    assert plan.num_blocks == 10 * GiB // (5 * 16 * 4096)  # a block holds 16 tokens of 5 layers: 327,680 B → 32,768
+    assert plan.blocks_per_request == 512 + 6 * (512 + 1)  # min(1,023 + 8,192, 8,192) = 8,192 tokens per sliding group
+    assert plan.ideal_blocks_per_request == 512 + 6 * (64 + 1)  # if a sliding group held only its 1,024-token window
+    assert plan.max_concurrency == pytest.approx(32768 / 3590)
+    small_steps = sizing.vllm_kv_plan(arch, 10 * GiB, 8192, "bf16", 16, max_num_batched_tokens=512)
+    assert small_steps.blocks_per_request == 512 + 6 * (96 + 1)  # 1,023 + 512 = 1,535 tokens → 96 blocks
+    dense = sizing.vllm_kv_plan(sizing.load_arch("Llama-3.1-8B"), 16 * GiB, 8192, "fp16", 16)
+    assert (dense.groups_full, dense.groups_sliding, dense.num_blocks, dense.blocks_per_request) == (1, 0, 8192, 512)
+    assert dense.max_concurrency == 16 and dense.tokens == 16 * 8192
 
 
 def test_block_rounding_counts_whole_blocks():
@@ -53,9 +98,45 @@ def test_parameter_counts_match_published_totals():
         assert sizing.count_parameters(sizing.load_preset(name)["config"]) == total, name
 
 
+def test_non_gated_mlps_gpt2_and_phi2():
+    # GPT-2 small: tied embeddings, learned positions, 4h GELU MLP, biases everywhere, LayerNorm with bias
+    V, P, h, L = 50257, 1024, 768, 12
+    per_layer = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * h + (h * 4 * h + 4 * h) + (4 * h * h + h)
+    gpt2 = V * h + P * h + L * per_layer + 2 * h
+    assert gpt2 == 124_439_808
+    counts = sizing.parameter_counts({"model_type": "gpt2", "vocab_size": V, "n_positions": P, "n_embd": h, "n_layer": L, "n_head": 12})
+    assert counts.total == counts.active == gpt2 and counts.embedding == P * h  # wte is the LM head (tied)
+    # Phi-2: parallel attention + MLP after one LayerNorm, fc1/fc2 with biases, untied LM head with a bias
+    V, h, ffn, L = 51200, 2560, 10240, 32
+    per_layer = 4 * (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 2 * h
+    phi2 = V * h + L * per_layer + 2 * h + (h * V + V)
+    assert phi2 == 2_779_683_840  # the published total
+    cfg = {"model_type": "phi", "vocab_size": V, "hidden_size": h, "intermediate_size": ffn, "num_hidden_layers": L,
+           "num_attention_heads": 32, "partial_rotary_factor": 0.4, "tie_word_embeddings": False}
+    assert sizing.count_parameters(cfg) == phi2
+
+
+def test_mixture_of_experts_total_and_active_parameters():
+    # Mixtral-8x7B: 8 experts of a gated MLP (14,336 wide) per layer, 2 per token; GQA 32:8; untied LM head
+    V, h, ffn, L, E, k = 32000, 4096, 14336, 32, 8, 2
+    attn = h * h + 2 * h * 1024 + h * h
+    expert = 3 * h * ffn
+    per_layer_total = attn + h * E + E * expert + 2 * h  # attention, router, experts, two RMSNorms
+    per_layer_active = attn + h * E + k * expert + 2 * h
+    total = 2 * V * h + L * per_layer_total + h
+    active = 2 * V * h + L * per_layer_active + h
+    assert (total, active) == (46_702_792_704, 12_879_925_248)  # the published 46.7B and 12.9B
+    cfg = {"model_type": "mixtral", "vocab_size": V, "hidden_size": h, "intermediate_size": ffn, "num_hidden_layers": L,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": E, "num_experts_per_tok": k}
+    counts = sizing.parameter_counts(cfg)
+    assert (counts.total, counts.active) == (total, active)
+    assert counts.experts == L * E * expert and counts.lm_head == V * h and counts.embedding == V * h
+    assert counts.matmul_active == L * (attn + h * E + k * expert)  # what one token multiplies through (norms excluded)
+
+
 def test_capacity_plan_llama_8b_on_80_gib():
     arch = sizing.load_arch("Llama-3.1-8B")
-    plan = sizing.plan_capacity(arch, memory_gib=80, context=8192, utilization=0.9, target_sequences=16)
+    plan = sizing.plan_capacity(arch, memory_gib=80, context=8192, utilization=0.9, target_sequences=16, overhead_gib=0)
     budget = 80 * GiB * 0.9 - 8_030_261_248 * 2  # 61,248,888,832 B of KV
     assert plan.kv_budget_gib * GiB == pytest.approx(budget)
     assert plan.max_sequences == 57  # budget / 1 GiB per 8k sequence = 57.04

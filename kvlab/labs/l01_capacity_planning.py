@@ -50,8 +50,10 @@ LAB = Lab(
     params=(
         Param("model", "Llama-3.1-8B", "preset name in data/models/, or a path to a config.json or a model folder"),
         Param("memory_gib", [80.0, 141.0], "accelerator memory per card, GiB", positive=True),
-        Param("utilization", 0.9, "fraction of memory the engine may use (vLLM's gpu_memory_utilization), 0-1",
+        Param("utilization", 0.92, "fraction of memory the engine may use (vLLM's gpu_memory_utilization; 0.92 is vLLM's default), 0-1",
               between=(0.01, 1.0)),
+        Param("overhead_gib", 1.5, "memory a running engine needs besides weights and KV (activations, CUDA graphs), GiB",
+              between=(0.0, 1024.0)),
         Param("context_lengths", [4096, 8192, 32768, 131072], "tokens per sequence", positive=True),
         Param("kv_dtype", "bf16", "KV cache element type: fp32, fp16, bf16 or fp8", choices=tuple(DTYPE_BYTES)),
         Param("weight_dtype", "bf16", "weight element type: fp32, fp16, bf16, fp8 or int4", choices=tuple(DTYPE_BYTES)),
