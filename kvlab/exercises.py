@@ -2,8 +2,9 @@
 agrees with the data (not with a number printed in a book: every answer is computed from the results folder).
 
 Each lab's questions live in its definition (``kvlab/labs/lNN_*.py``). In a lab: ``kvlab.exercises.show("L02")``
-lists the questions; ``kvlab.exercises.check({"L02.1": "prefill"}, out)`` checks answers against the results in ``out``. Instructors: ``solve("L02", folder)`` gives every answer with the
-numbers behind it (``instructors/solutions.ipynb``).
+lists the questions; ``kvlab.exercises.check({"L02.1": "prefill"}, out)`` checks answers against the results in
+``out``. Instructors: ``solve("L02", folder)`` gives every answer with the numbers behind it
+(``instructors/solutions.ipynb``).
 """
 
 from __future__ import annotations

@@ -41,6 +41,10 @@ class Run:
     lab: str
     parameters: dict[str, Any]
 
+    def record(self, **fields: Any) -> dict[str, Any]:
+        """This run's status record (what ``status.json`` holds): its id, lab and parameters, plus ``fields``."""
+        return {"run_id": self.run_id, "lab": self.lab, "parameters": self.parameters} | fields
+
     @property
     def run_id(self) -> str:
         digest = hashlib.sha256(json.dumps([self.lab, self.parameters], sort_keys=True).encode()).hexdigest()[:10]
@@ -113,8 +117,7 @@ def execute(run: Run, out: Path, timeout_s: int | None = None) -> dict[str, Any]
 
     folder = out / "runs" / run.run_id
     folder.mkdir(parents=True, exist_ok=True)
-    status: dict[str, Any] = {"run_id": run.run_id, "lab": run.lab, "parameters": run.parameters,
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    status = run.record(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     t0 = time.perf_counter()
     try:
         pm.execute_notebook(str(labs.lab_path(run.lab)), str(folder / f"{run.lab}.ipynb"), cwd=str(labs.LAB_DIR),

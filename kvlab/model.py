@@ -186,10 +186,11 @@ def model_facts(model: str) -> dict[str, object]:
     }
 
 
-def _hf_config(model: str):  # noqa: ANN202 - a transformers config
+def load_config(model: str | None = None) -> Any:
+    """The transformers config of a model (default: the chosen one), resolved the way the engine resolves it."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(resolve_model(model) if model else resolve_model())
+    return AutoConfig.from_pretrained(resolve_model(model))
 
 
 def _save_random_model(target: Path, make_config: Callable[[], Any], tokenizer_from: str, stamp: dict) -> Path:
@@ -239,7 +240,7 @@ def prepare_variant(label: str, base: str | None = None, **overrides: object) ->
 
 def prepare_kv_variant(kv_heads: int, base: str | None = None) -> Path:
     """The chosen (or ``base``) model with ``kv_heads`` KV heads — its query-head count for MHA, 1 for MQA."""
-    heads = _hf_config(base).get_text_config().num_attention_heads
+    heads = load_config(base).get_text_config().num_attention_heads
     if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1 or heads % kv_heads:
         raise KVLabError(f"kv_heads={kv_heads!r} must divide the {heads} query heads (e.g. {heads} for MHA, 1 for MQA).")
     return prepare_variant(f"kv{kv_heads}", base, num_key_value_heads=kv_heads)
@@ -251,7 +252,7 @@ def prepare_sliding_variant(window: int, base: str | None = None) -> Path:
     ``use_sliding_window`` and ``max_window_layers`` (Qwen2-family models)."""
     if not isinstance(window, int) or isinstance(window, bool) or window < 2:
         raise KVLabError(f"window={window!r} must be a whole number of tokens, at least 2.")
-    layers = _hf_config(base).get_text_config().num_hidden_layers
+    layers = load_config(base).get_text_config().num_hidden_layers
     return prepare_variant(f"sw{window}", base, sliding_window=window, use_sliding_window=True, max_window_layers=0,
                            layer_types=["sliding_attention"] * layers)
 

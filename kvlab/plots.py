@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -130,6 +131,16 @@ def mark_compute_bound(fig: go.Figure, from_tokens: int, max_tokens: int) -> go.
     xs = [x for trace in fig.data for x in (trace.x if trace.x is not None else []) if x]
     fig.update_xaxes(range=[math.log10(min([from_tokens, *xs]) / 1.5), math.log10(max(max_tokens, from_tokens) * 1.5)])
     return fig
+
+
+def ttft_bars_by_run(t: pd.DataFrame, by: str, agg: Any, title: str, ylabel: str) -> go.Figure:
+    """Collected lab runs (a ``run`` column): TTFT aggregated (``"median"``, ``timing.p95``…) per run and ``by`` group,
+    as grouped bars in ms."""
+    import plotly.express as px
+
+    m = t.groupby(["run", by], as_index=False).ttft_s.agg(agg)
+    return px.bar(m.assign(ttft_ms=m.ttft_s * 1e3), x="run", y="ttft_ms", color=by, barmode="group", title=title,
+                  labels={"ttft_ms": ylabel})
 
 
 def phase_split(df: pd.DataFrame) -> go.Figure:

@@ -91,9 +91,8 @@ def run_on_node(lab: str, parameters: dict[str, Any], timeout_s: int | None, dri
     node += f" (GPU {','.join(map(str, gpus))})" if gpus else ""
     run = grid.Run(lab, parameters)
     if kvlab.__version__ != driver_version:
-        return {"status": {"run_id": run.run_id, "lab": lab, "parameters": parameters, "status": "failed", "seconds": 0.0,
-                           "error": f"node {node} has kvlab {kvlab.__version__}, the driver {driver_version}: set every node "
-                                    "up from the same commit", "node": node}, "files": {}}
+        error = f"node {node} has kvlab {kvlab.__version__}, the driver {driver_version}: set every node up from the same commit"
+        return {"status": run.record(status="failed", seconds=0.0, error=error, node=node), "files": {}}
     with tempfile.TemporaryDirectory(prefix="kvlab-run-") as tmp:
         status = grid.execute(run, Path(tmp), timeout_s) | {"node": node}
         folder = Path(tmp) / "runs" / run.run_id
@@ -139,9 +138,8 @@ def execute_all(runs: list[Any], out: Path, address: str, timeout_s: int | None 
                 result = ray.get(done[0])
             except Exception as exc:  # noqa: BLE001 - a lost node or worker: recorded, the grid goes on
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                result = {"status": {"run_id": run.run_id, "lab": run.lab, "parameters": run.parameters, "status": "failed",
-                                     "seconds": round(time.perf_counter() - t0, 1), "error": f"Ray task failed: {first}"},
-                          "files": {}}
+                result = {"status": run.record(status="failed", seconds=round(time.perf_counter() - t0, 1),
+                                               error=f"Ray task failed: {first}"), "files": {}}
             yield _land(out, result["status"], result["files"])
     finally:
         for ref in pending:

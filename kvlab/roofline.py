@@ -6,8 +6,8 @@
   token, the LM head for the last token only (the embedding lookup is not a matmul), plus causal attention, which
   grows with the square of the prompt (≈ 2 × 2 × heads × head_dim × N(N+1)/2 per layer); and it must read every
   weight it uses once and write the prompt's KV cache. Its bound is the larger of the two times: a short prompt is
-  bound by reading the weights (on a GPU an 8B model's 16-token prompt needs ~0.3 ms of compute but ~5 ms of weight
-  reads), a long one by compute. The prompt length where they cross follows from the machine's **ridge point**
+  bound by reading the weights (on an H100 an 8B model's 16-token prompt needs ~0.24 ms of compute but ~4.5 ms of
+  weight reads), a long one by compute. The prompt length where they cross follows from the machine's **ridge point**
   (peak FLOP/s ÷ bandwidth, in FLOP per byte): about ridge × bytes per weight ÷ 2 tokens.
 - **Decode** cannot beat its memory traffic: each step reads every weight it uses once (LM head included; a
   mixture-of-experts model only its routed experts) and the KV cache of the whole context so far.
@@ -64,12 +64,10 @@ GPU_SHAPES = ((8192, 8192, 8192), (8192, 4096, 14336), (8192, 14336, 4096))
 def model_shapes(model: str | None = None, tokens: int = 2048) -> list[tuple[int, int, int]]:
     """The matmul shapes a prefill of ``tokens`` tokens runs through the chosen model's MLP (tokens × hidden ×
     intermediate and back), read from its config; none when it cannot be read."""
+    from kvlab.model import load_config
+
     try:
-        from transformers import AutoConfig
-
-        from kvlab.model import resolve_model
-
-        cfg = AutoConfig.from_pretrained(resolve_model(model)).get_text_config()
+        cfg = load_config(model).get_text_config()
         hidden, inner = int(cfg.hidden_size), int(getattr(cfg, "intermediate_size", 0) or 4 * cfg.hidden_size)
     except Exception:  # noqa: BLE001 - an unreadable config only means fewer shapes to try
         return []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import nbformat
 import pytest
 
 from kvlab import course
+from kvlab.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("notebooks", "labs", "instructors")
@@ -87,19 +87,13 @@ def test_each_lesson_marks_one_key_figure():
         assert len(tagged) == 1, f"{nb_path.name}: {len(tagged)} cells tagged key-figure"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_jupyterlab_edits_either_side_of_a_pair(tmp_path):
     """The server JupyterLab talks to (with jupytext, as `make setup` installs it): an edit to the paired source shows
     when the notebook is opened, and saving the notebook writes the source. Runs on a copy, never on the repo."""
     for name in ("01_kv_cache_by_hand.ipynb", "01_kv_cache_by_hand.py"):
         shutil.copy2(ROOT / "notebooks" / name, tmp_path / name)
     shutil.copy2(ROOT / "jupytext.toml", tmp_path / "jupytext.toml")
-    port, token = _free_port(), "kvlab-test"
+    port, token = free_port(), "kvlab-test"
     server = subprocess.Popen([sys.executable, "-m", "jupyter", "server", "--ip=127.0.0.1", f"--port={port}", "--no-browser",
                                "--allow-root", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}"],
                               stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"))

@@ -100,9 +100,6 @@ class Lab:
     def notebook(self) -> Path:
         return LAB_DIR / f"{self.name}.ipynb"
 
-    def param(self, name: str) -> Param:
-        return next(p for p in self.params if p.name == name)
-
     @property
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
@@ -243,7 +240,7 @@ def injected_names(namespace: Mapping[str, Any]) -> list[str]:
     return names
 
 
-def validate_namespace(lab: str, namespace: Mapping[str, Any], verbose: bool = True) -> Params:
+def validate_namespace(lab: str, namespace: Mapping[str, Any]) -> Params:
     """``validate`` for a lab notebook: ``p = kvlab.labs.validate_namespace("L02_…", globals())``. Refuses names
     papermill injected that the lab does not know (a typo such as ``-p memroy_gib 24``), and prints what quick mode
     changed."""
@@ -253,7 +250,7 @@ def validate_namespace(lab: str, namespace: Mapping[str, Any], verbose: bool = T
         if name not in known:
             raise _unknown(spec, name)
     params = validate(spec.name, {k: namespace[k] for k in known if k in namespace})
-    if verbose and params.shrunk:
+    if params.shrunk:
         changes = ", ".join(f"{k}={ran!r} (asked {asked!r})" for k, (asked, ran) in params.shrunk.items())
         print(f"quick mode (KVLAB_QUICK=1) runs {changes}")
     return params

@@ -32,11 +32,9 @@ def who_gains(t: Tables) -> tuple[Any, str]:
 
 def compare(t: pd.DataFrame) -> Any:
     """Median TTFT with and without prefix caching, one bar group per run."""
-    import plotly.express as px
+    from kvlab.plots import ttft_bars_by_run
 
-    m = t.groupby(["run", "caching"], as_index=False).ttft_s.median()
-    return px.bar(m.assign(ttft_ms=m.ttft_s * 1e3), x="run", y="ttft_ms", color="caching", barmode="group",
-                  title="L03 · median TTFT with and without prefix caching", labels={"ttft_ms": "TTFT (ms)"})
+    return ttft_bars_by_run(t, "caching", "median", "L03 · median TTFT with and without prefix caching", "TTFT (ms)")
 
 
 LAB = Lab(

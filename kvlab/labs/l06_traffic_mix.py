@@ -32,11 +32,9 @@ def tokens_per_s(t: Tables) -> tuple[Any, str]:
 
 def compare(t: pd.DataFrame) -> Any:
     """TTFT p95 of the two mixes, one bar group per run."""
-    import plotly.express as px
+    from kvlab.plots import ttft_bars_by_run
 
-    m = t.groupby(["run", "mix"], as_index=False).ttft_s.agg(p95)
-    return px.bar(m.assign(ttft_ms=m.ttft_s * 1e3), x="run", y="ttft_ms", color="mix", barmode="group",
-                  title="L06 · TTFT p95: chat only vs chat + agents", labels={"ttft_ms": "TTFT p95 (ms)"})
+    return ttft_bars_by_run(t, "mix", p95, "L06 · TTFT p95: chat only vs chat + agents", "TTFT p95 (ms)")
 
 
 LAB = Lab(
