@@ -237,3 +237,75 @@ def bad_dashboard(runs: dict[str, pd.DataFrame], window_s: float = 2.0) -> go.Fi
     fig.update_yaxes(title_text="prompt tokens / s", row=1, col=3)
     fig.update_layout(barmode="group", height=420, title="Same tokens/sec, very different first-token waits")
     return fig
+
+
+def capacity_sweep(table: pd.DataFrame, objective: Any, knee_rps: float, sustainable: dict[str, Any],
+                   title: str = "Capacity under the SLO: throughput keeps rising after goodput collapses") -> go.Figure:
+    """The rate sweep on one figure: throughput and goodput (top, req/s), TTFT p50/p(SLO) and TPOT p(SLO) with the SLO
+    lines (bottom, ms, log scale) against the arrival rate; the knee (goodput's peak) and the maximum sustainable
+    rate marked. ``table`` is ``slo.rate_table``'s."""
+    from plotly.subplots import make_subplots
+
+    q = f"p{objective.percentile:g}"
+    x = table.rate_rps
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("requests per second served", "latency (client clock, queueing included)"))
+    fig.add_scatter(x=x, y=table.throughput_rps, name="throughput (all requests)", mode="lines+markers", row=1, col=1)
+    fig.add_scatter(x=x, y=table.goodput_rps, name="goodput (requests meeting the SLO)", mode="lines+markers", row=1, col=1)
+    fig.add_scatter(x=x, y=x, name="offered load (= arrival rate)", mode="lines", line={"dash": "dot", "color": "gray"}, row=1, col=1)
+    colors = {"ttft": "#e4572e", "tpot": "#4c8bf5"}
+    fig.add_scatter(x=x, y=table.ttft_p50_ms, name="TTFT p50", mode="lines+markers", line={"color": colors["ttft"], "dash": "dot"}, row=2, col=1)
+    fig.add_scatter(x=x, y=table[f"ttft_{q}_ms"], name=f"TTFT {q}", mode="lines+markers", line={"color": colors["ttft"]}, row=2, col=1)
+    fig.add_scatter(x=x, y=table[f"tpot_{q}_ms"], name=f"TPOT {q}", mode="lines+markers", line={"color": colors["tpot"]}, row=2, col=1)
+    fig.add_hline(y=objective.ttft_ms, line_dash="dash", line_color=colors["ttft"], annotation_text=f"TTFT SLO {objective.ttft_ms:,.0f} ms", row=2, col=1)
+    fig.add_hline(y=objective.tpot_ms, line_dash="dash", line_color=colors["tpot"], annotation_text=f"TPOT SLO {objective.tpot_ms:,.0f} ms", row=2, col=1)
+    fig.add_vline(x=knee_rps, line_dash="dot", line_color="black", annotation_text="knee: goodput peaks", row="all", col=1)
+    if sustainable.get("rate") is not None:
+        label = ("≥ " if sustainable["at_least"] else "") + f"max sustainable {sustainable['rate']:.2f} req/s"
+        fig.add_vline(x=sustainable["rate"], line_color="green", annotation_text=label, annotation_position="bottom right", row="all", col=1)
+    fig.update_yaxes(title_text="req/s", row=1, col=1)
+    fig.update_yaxes(title_text="ms", type="log", row=2, col=1)
+    fig.update_xaxes(title_text="arrival rate (requests/s, Poisson)", row=2, col=1)
+    fig.update_layout(title=title, height=650, legend={"orientation": "h", "y": -0.15})
+    return fig
+
+
+def in_flight(runs: dict[str, pd.DataFrame], step_s: float = 0.25) -> go.Figure:
+    """Requests in the system (arrived, last token not yet out) over time, one line per run: flat for a closed loop,
+    climbing for an open loop above capacity."""
+    fig = go.Figure()
+    for name, df in runs.items():
+        end = float(df.last_token_s.max())
+        times = [i * step_s for i in range(int(end / step_s) + 1)]
+        counts = [int(((df.arrival_s <= t) & (df.last_token_s > t)).sum()) for t in times]
+        fig.add_scatter(x=times, y=counts, name=name, mode="lines")
+    fig.update_layout(title="Requests in the system over time: a closed loop caps the queue, an open loop does not",
+                      xaxis_title="time since the run began (s)", yaxis_title="requests in flight")
+    return fig
+
+
+def mitigations(table: pd.DataFrame, objective: Any) -> go.Figure:
+    """Chat TTFT p(SLO) per setting (log ms, the SLO drawn) next to batch throughput (tokens/s)."""
+    from plotly.subplots import make_subplots
+
+    q = f"p{objective.percentile:g}"
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"chat TTFT {q} (ms, log)", "batch work done (prompt + output tokens/s)"))
+    fig.add_bar(x=table.setting, y=table[f"chat TTFT {q} (ms)"], name=f"chat TTFT {q}", marker_color="#e4572e", row=1, col=1)
+    fig.add_hline(y=objective.ttft_ms, line_dash="dash", annotation_text="TTFT SLO", row=1, col=1)
+    fig.add_bar(x=table.setting, y=table["batch tokens/s"], name="batch tokens/s", marker_color="#4c8bf5", row=1, col=2)
+    fig.update_yaxes(type="log", title_text="ms", row=1, col=1)
+    fig.update_yaxes(title_text="tokens/s", row=1, col=2)
+    fig.update_layout(title="Chat next to batch jobs: each mitigation on the same traffic", showlegend=False, height=420)
+    return fig
+
+
+def goodput_by_run(t: pd.DataFrame) -> go.Figure:
+    """Goodput and throughput against arrival rate, one pair of lines per run (``kvlab labs collect``)."""
+    fig = go.Figure()
+    for run, part in t.groupby("run"):
+        part = part.sort_values("rate_rps")
+        fig.add_scatter(x=part.rate_rps, y=part.goodput_rps, name=f"{run}: goodput", mode="lines+markers")
+        fig.add_scatter(x=part.rate_rps, y=part.throughput_rps, name=f"{run}: throughput", mode="lines", line={"dash": "dot"})
+    fig.update_layout(title="L07 · goodput and throughput vs arrival rate, per run", xaxis_title="arrival rate (requests/s)",
+                      yaxis_title="requests/s")
+    return fig

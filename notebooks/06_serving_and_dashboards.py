@@ -208,7 +208,7 @@ print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft
 # | Failure mode | Measured in |
 # |---|---|
 # | A tokens/sec-only dashboard hides TTFT regressions from long agent prompts | [06 · 5. The bad dashboard](#5.-The-bad-dashboard) |
-# | Looking only at mean latency: blind to p95 prefill storms | [06 · 6. The agent's prefill storm](#6.-The-agent's-prefill-storm), [02 · 6. The client's view](02_prefill_vs_decode.ipynb#6.-The-client's-view:-a-token-by-token-stream) |
+# | Looking only at mean latency: blind to p95 prefill storms | [06 · 6. The agent's prefill storm](#6.-The-agent's-prefill-storm), [02 · 6. The client's view](02_prefill_vs_decode.ipynb#6.-The-client's-view:-a-token-by-token-stream), [07 · 4. The rate sweep](07_capacity_under_slos.ipynb#4.-Open-loop:-a-rate-sweep,-and-the-knee) |
 # | Prompt and output tokens not logged apart: a TTFT spike blamed on "the GPU got slower" | [06 · 5. (per request kind)](#5.-The-bad-dashboard), [02 · 5. Where the time goes](02_prefill_vs_decode.ipynb#5.-Where-the-time-goes:-short-vs-long-prompts-×-output-lengths) |
 # | Client TTFT read as engine TTFT (HTTP, template, detokenization are outside the engine) | [06 · 3. Client-side vs engine-side TTFT](#3.-Client-side-vs-engine-side-TTFT) |
 # | KV cache sized by guesswork | [01 · 4. Proving it against the engine](01_kv_cache_by_hand.ipynb#4.-Proving-it-against-the-engine) |
@@ -219,6 +219,9 @@ print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft
 # | A short request stuck behind a long one | [04 · 5. A short prompt behind a long one](04_chunked_prefill.ipynb#5.-A-short-prompt-behind-a-long-one) |
 # | Bigger batches bought with every user's latency | [05 · 1. Offline batches](05_batching.ipynb#1.-Offline-batches) |
 # | KV cache full: queueing and preemption | [05 · 3. When the KV cache caps the batch](05_batching.ipynb#3.-When-the-KV-cache-caps-the-batch) |
+# | Optimizing throughput while the TTFT SLO burns | [07 · 4. Open loop: a rate sweep, and the knee](07_capacity_under_slos.ipynb#4.-Open-loop:-a-rate-sweep,-and-the-knee) |
+# | A closed-loop load test: it cannot show the queue an overloaded product builds | [07 · 5. Open vs closed loop](07_capacity_under_slos.ipynb#5.-Open-vs-closed-loop:-which-one-can-show-the-queue-explode?) |
+# | One pool for interactive chat and offline summarization | [07 · 6. Chat next to batch jobs](07_capacity_under_slos.ipynb#6.-Chat-next-to-batch-jobs-on-one-pool), [07 · 7. Four ways to keep chat fast](07_capacity_under_slos.ipynb#7.-Four-ways-to-keep-chat-fast,-measured-on-the-same-traffic) |
 
 # %% [markdown]
 # ## 8. Stop the server

@@ -201,3 +201,10 @@ def test_lab_l05_batch_sweep(tmp_path):
     assert s.decode_tok_s[8] > s.decode_tok_s[1]
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["engine"]["kv_capacity"]["tokens"] > 0
+
+
+@pytest.mark.parametrize("lab", labs.all_labs(), ids=lambda lab: lab.name)
+def test_comparison_plot_draws_two_runs_of_the_reference_results(lab):
+    results = pd.read_parquet(REFERENCE / lab.name / "results.parquet")
+    fig = lab.compare(pd.concat([results.assign(run="a"), results.assign(run="b")], ignore_index=True))
+    assert len(fig.data) >= 2 and fig.layout.title.text, lab.name

@@ -42,6 +42,11 @@ def at_most(n: int) -> Shrink:
     return Shrink(f"at most {n}", lambda v: min(v, n))
 
 
+def first_middle_last() -> Shrink:
+    """Quick mode keeps the first, the middle and the last item of a list (a sweep's shape, in three points)."""
+    return Shrink("first, middle and last", lambda v: list(dict.fromkeys([v[0], v[len(v) // 2], v[-1]])))
+
+
 def first_and_last() -> Shrink:
     """Quick mode keeps the first and the last item of a list (one if they are equal)."""
     return Shrink("first and last", lambda v: v[:1] + [x for x in v[-1:] if len(v) > 1 and x != v[0]])
@@ -90,6 +95,7 @@ class Lab:
     params: tuple[Param, ...]
     questions: tuple[Any, ...] = ()  # kvlab.exercises.Question
     compare: Callable[[Any], Any] | None = None  # collected table with a 'run' column -> plotly figure
+    check: Callable[[dict[str, Any]], str | None] | None = None  # rules across parameters: a problem's sentence, or None
 
     @property
     def key(self) -> str:
@@ -218,6 +224,9 @@ def validate(lab: str, given: Mapping[str, Any]) -> Params:
     asked = spec.defaults | dict(given)
     for p in spec.params:
         _check_rules(spec, p, asked[p.name])
+    problem = spec.check(asked) if spec.check else None
+    if problem:
+        raise KVLabError(f"Lab {spec.name}: {problem}")
     ran = dict(asked)
     if config.quick():
         for p in spec.params:

@@ -1,0 +1,84 @@
+"""Capacity under SLOs on the real engine: the driver's closed loop and batch lane, separate pools on their own cores,
+and lab L07 (headless, and its bad input refused before any engine starts)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from kvlab import capacity, labs, pools, workload
+from kvlab.errors import KVLabError
+
+
+@pytest.mark.engine
+def test_closed_loop_keeps_each_user_to_one_request_in_flight(engine):
+    maker = capacity.Requests(engine.get_tokenizer(), capacity.Mix(chat_output_tokens=6))
+    reqs = capacity.run_closed_loop(engine, maker, users=3, count=9)
+    assert len(reqs) == 9 and sorted(reqs.user.unique()) == [0, 1, 2]
+    assert capacity.max_in_flight(reqs) <= 3
+    for _, mine in reqs.sort_values("arrival_s").groupby("user"):  # each next request arrives when the last one ended
+        assert (mine.arrival_s.iloc[1:].to_numpy() >= mine.last_token_s.iloc[:-1].to_numpy() - 1e-9).all()
+    assert (reqs.output_tokens == 6).all() and (reqs.tpot_s > 0).all() and (reqs.e2e_s >= reqs.ttft_s).all()
+
+
+@pytest.mark.engine
+def test_batch_lane_lets_one_job_into_the_engine_at_a_time(engine):
+    mix = capacity.Mix(chat_share=0.0, batch_share=1.0, batch_prompt_tokens=200, batch_output_tokens=4)
+    arrivals = capacity.open_loop(capacity.Requests(engine.get_tokenizer(), mix), rate_rps=50.0, count=3)
+    _, reqs = workload.run_workload(engine, arrivals, lane_limits={"batch": 1})
+    reqs = reqs.sort_values("submitted_s")
+    assert (reqs.submitted_s.iloc[1:].to_numpy() >= reqs.last_token_s.iloc[:-1].to_numpy() - 1e-9).all()
+    assert (reqs.ttft_s >= reqs.first_token_s - reqs.submitted_s - 1e-9).all()  # the wait in the queue is in TTFT
+
+
+@pytest.mark.engine
+def test_separate_pools_run_at_once_each_on_its_own_cores(model_dir):
+    cores = pools.cores_available()
+    if len(cores) < 2:
+        pytest.skip(f"needs two cores, this machine has {len(cores)}")
+    from transformers import AutoTokenizer
+
+    maker = capacity.Requests(AutoTokenizer.from_pretrained(model_dir), capacity.Mix(chat_output_tokens=4))
+    jobs = {"a": ([cores[0]], capacity.open_loop(maker, 5.0, 2)), "b": ([cores[1]], capacity.open_loop(maker, 5.0, 2))}
+    out = pools.run_pools(jobs, str(model_dir), {"enforce_eager": True})
+    assert set(out) == {"a", "b"} and all(len(df) == 2 and (df.threads == 1).all() for df in out.values())
+    with pytest.raises(KVLabError, match="Each pool needs its own cores"):
+        pools.run_pools({"a": ([cores[0]], []), "b": ([cores[0]], [])}, str(model_dir), {})
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"chat_share": 0.5, "batch_share": 0.4}, r"the traffic shares must sum to 1, got chat_share=0.5, agent_share=0, batch_share=0.4"),
+    ({"rates": [1.0, 0.5]}, r"parameter rates must increase from one point to the next, got \[1.0, 0.5\]"),
+    ({"rates": [0.0, 1.0]}, "parameter rates must be positive, got 0.0"),
+    ({"slo_ttft": 0.0}, "parameter slo_ttft must be positive, got 0.0"),
+    ({"slo_e2e": -1.0}, "parameter slo_e2e must be 0 .no E2E objective. or positive"),
+    ({"scheduling_policy": "lifo"}, "parameter scheduling_policy must be one of 'fcfs', 'priority', got 'lifo'"),
+    ({"chat_share": 0.0, "batch_share": 1.0}, "the SLO applies to interactive requests"),
+])
+def test_lab_l07_bad_input_is_one_sentence_naming_the_parameter(given, message):
+    with pytest.raises(KVLabError, match="Lab L07_slo_capacity: " + message):
+        labs.validate("L07_slo_capacity", given)
+
+
+@pytest.mark.notebook
+def test_lab_l07_finds_the_sustainable_rate_and_writes_tidy_results(tmp_path):
+    import papermill as pm
+
+    out = tmp_path / "out"
+    params = {"rates": [0.5, 1.5], "saturation_users": 8, "seconds_per_rate": 4.0, "min_requests": 8, "chat_share": 0.8,
+              "batch_share": 0.2, "batch_prompt_tokens": 400, "scheduling_policy": "priority", "output_dir": str(out)}
+    for _ in range(2):  # safe to run twice: the second run overwrites the first
+        pm.execute_notebook(str(labs.lab_path("L07_slo_capacity")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                            parameters=params, progress_bar=False, kernel_name="python3")
+    results = pd.read_parquet(out / "results.parquet")
+    rates = pd.read_csv(out / "rates.csv")
+    cap = pd.read_csv(out / "capacity.csv").iloc[0]
+    assert set(results.label) == {"chat", "batch"} and results.rate_rps.nunique() == 2
+    assert not results[results.label == "batch"].good.any()  # batch jobs have no SLO
+    assert len(rates) == 2 and (rates.requests > 0).all() and {"goodput_rps", "throughput_rps", "attainment"} <= set(rates.columns)
+    assert cap.saturation_rps > 0 and cap.slo_ttft_ms > 0 and cap.knee_rps in set(rates.rate_rps)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["parameters"]["rates"] == [0.5, 1.5] and meta["engine"]["scheduling_policy"] == "priority"
+    assert (out / "capacity.html").exists() and (out / "calibration.csv").exists()
