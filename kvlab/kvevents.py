@@ -1,0 +1,182 @@
+"""The engine's own record of its KV cache blocks: vLLM's KV cache events, collected into a tidy table.
+
+With ``kv_events_config`` set, vLLM 0.32's scheduler publishes one ``KVEventBatch`` per step that changed the cache
+(``vllm/v1/core/sched/scheduler.py``: ``KVEventBatch(ts=time.time(), events=...)``), through a ZMQ PUB socket
+(``vllm/distributed/kv_events.py``: ``ZmqEventPublisher`` sends ``(topic, sequence number, msgpack payload)``). The
+events (``vllm/v1/core/block_pool.py``):
+
+- ``BlockStored``: full blocks just cached — their hashes (each one a hash of the parent's hash and the block's
+  tokens, so a hash names the whole prefix up to it), the parent of the first, the token ids, the block size;
+- ``BlockRemoved``: cached blocks evicted (their memory reused for another block);
+- ``AllBlocksCleared``: the prefix cache was reset.
+
+A ``Subscriber`` binds nothing on the network: the publisher binds an ``ipc://`` socket in a private temporary folder
+(it binds ipc endpoints and connects tcp ones), the subscriber connects to it, and a background thread decodes the
+messages. ``close()`` (or the ``with`` block) stops the thread, closes the socket and removes the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+COLUMNS = ["seq", "ts", "event", "block_hash", "parent_hash", "position", "tokens", "token_ids"]
+
+
+class Subscriber:
+    """Collects an engine's KV cache events while it runs. Pass ``engine_args()`` to ``make_engine``."""
+
+    def __init__(self, topic: str = "kvlab") -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="kvlab-kv-events-"))
+        self.endpoint = f"ipc://{self.folder / 'kv-events.sock'}"
+        self.topic = topic
+        self.rows: list[dict[str, Any]] = []
+        self.batches = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._positions: dict[Any, int] = {}
+
+    def engine_args(self) -> dict[str, Any]:
+        """The ``kv_events_config`` that makes the engine publish to this subscriber."""
+        from kvlab.engine import import_vllm
+
+        import_vllm()  # the course's environment first (in-process engine on CPU), then vLLM's config classes
+        from vllm.config import KVEventsConfig
+
+        return {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=self.endpoint,
+                                                   topic=self.topic)}
+
+    def start(self) -> Subscriber:
+        """Connect and start collecting (before the engine starts, so no event is missed)."""
+        from kvlab.engine import import_vllm
+
+        import_vllm()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="kvlab-kv-events", daemon=True)
+        self._thread.start()
+        ready.wait(5)
+        return self
+
+    def _run(self, ready: threading.Event) -> None:
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt_string(zmq.SUBSCRIBE, self.topic)
+        sock.connect(self.endpoint)
+        ready.set()
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(50):
+                    continue
+                _, seq, payload = sock.recv_multipart()
+                self._add(int.from_bytes(seq, "big"), decoder.decode(payload))
+        finally:
+            sock.close(0)
+            ctx.term()
+
+    def _add(self, seq: int, batch: Any) -> None:
+        rows = []
+        for event in batch.events:
+            kind = type(event).__name__
+            if kind == "BlockStored":
+                size = event.block_size
+                parent = event.parent_block_hash
+                for i, h in enumerate(event.block_hashes):
+                    position = self._positions.get(parent, -1) + 1
+                    self._positions[h] = position
+                    ids = list(event.token_ids[i * size : (i + 1) * size])
+                    rows.append({"seq": seq, "ts": batch.ts, "event": "stored", "block_hash": _key(h),
+                                 "parent_hash": _key(parent), "position": position, "tokens": len(ids), "token_ids": ids})
+                    parent = h
+            elif kind == "BlockRemoved":
+                for h in event.block_hashes:
+                    rows.append({"seq": seq, "ts": batch.ts, "event": "removed", "block_hash": _key(h), "parent_hash": None,
+                                 "position": self._positions.get(h, -1), "tokens": 0, "token_ids": []})
+            else:  # AllBlocksCleared
+                rows.append({"seq": seq, "ts": batch.ts, "event": "cleared", "block_hash": None, "parent_hash": None,
+                             "position": -1, "tokens": 0, "token_ids": []})
+        with self._lock:
+            self.rows += rows
+            self.batches += 1
+
+    def wait_quiet(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> None:
+        """Wait until no event has arrived for ``quiet_s`` (the publisher's thread sends shortly after each step)."""
+        deadline = time.monotonic() + timeout_s
+        last = -1
+        while time.monotonic() < deadline:
+            with self._lock:
+                now = len(self.rows)
+            if now == last:
+                return
+            last = now
+            time.sleep(quiet_s)
+
+    def table(self) -> pd.DataFrame:
+        """Every event so far, one row per block: sequence number, wall-clock time, event, block hash (hex), parent
+        hash, position in its prefix chain (0 = first block of a prompt), tokens and token ids."""
+        with self._lock:
+            return pd.DataFrame(list(self.rows), columns=COLUMNS)
+
+    def clear(self) -> None:
+        """Forget the events collected so far (the engine's cache is untouched)."""
+        with self._lock:
+            self.rows.clear()
+
+    def close(self) -> None:
+        """Stop the thread, close the socket, remove the folder; safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> Subscriber:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _key(block_hash: Any) -> str | None:
+    """A block hash as a short printable key (vLLM sends bytes or int)."""
+    if block_hash is None:
+        return None
+    with contextlib.suppress(AttributeError):
+        return block_hash.hex()[:16]
+    return format(int(block_hash) & (2**64 - 1), "016x")
+
+
+def owners(events: pd.DataFrame, prompts: dict[str, list[int]], block_size: int) -> pd.Series:
+    """Which prompt each stored block belongs to, where that can be inferred from the tokens: a block whose whole
+    prefix (its tokens and every parent's, back to the first block) equals a prompt's first (k+1)·B tokens belongs to
+    that prompt (labels joined by ", " when prompts share it; "" when none does, e.g. a block of generated tokens). A
+    removed block gets the label it was stored with."""
+    by_prefix: dict[tuple[Any, tuple[int, ...]], list[str]] = {}
+    for label, ids in prompts.items():
+        key: Any = None
+        for k in range(len(ids) // block_size):
+            key = (key, tuple(ids[k * block_size : (k + 1) * block_size]))
+            by_prefix.setdefault(key, []).append(label)
+    prefix_of: dict[Any, Any] = {}
+    label_of: dict[Any, str] = {}
+    labels = []
+    for row in events.itertuples():
+        if row.event == "stored":
+            key = (prefix_of.get(row.parent_hash), tuple(row.token_ids))
+            prefix_of[row.block_hash] = key
+            label_of[row.block_hash] = ", ".join(by_prefix.get(key, []))
+        labels.append(label_of.get(row.block_hash, "") if row.event != "cleared" else "")
+    return pd.Series(labels, index=events.index, dtype=object)
