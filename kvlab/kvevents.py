@@ -180,3 +180,24 @@ def owners(events: pd.DataFrame, prompts: dict[str, list[int]], block_size: int)
             label_of[row.block_hash] = ", ".join(by_prefix.get(key, []))
         labels.append(label_of.get(row.block_hash, "") if row.event != "cleared" else "")
     return pd.Series(labels, index=events.index, dtype=object)
+
+
+def lifetimes(events: pd.DataFrame, labels: pd.Series | None = None) -> pd.DataFrame:
+    """One row per time a block was cached: its hash, chain position, owner (``labels``, e.g. from ``owners``), when it
+    was stored and when it was removed (evicted, or the cache cleared; NaN if still cached at the end), wall-clock s."""
+    labels = labels if labels is not None else pd.Series("", index=events.index)
+    open_: dict[Any, dict[str, Any]] = {}
+    done: list[dict[str, Any]] = []
+    for row, label in zip(events.itertuples(), labels, strict=True):
+        if row.event == "stored":
+            if row.block_hash in open_:  # stored again while cached: keep the first interval
+                continue
+            open_[row.block_hash] = {"block_hash": row.block_hash, "position": row.position, "owner": label,
+                                     "stored_ts": row.ts, "removed_ts": float("nan")}
+        elif row.event == "removed" and row.block_hash in open_:
+            done.append(open_.pop(row.block_hash) | {"removed_ts": row.ts})
+        elif row.event == "cleared":
+            done += [life | {"removed_ts": row.ts} for life in open_.values()]
+            open_.clear()
+    out = pd.DataFrame(done + list(open_.values()), columns=["block_hash", "position", "owner", "stored_ts", "removed_ts"])
+    return out.sort_values(["stored_ts", "position"], kind="stable", ignore_index=True)

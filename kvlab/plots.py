@@ -309,3 +309,18 @@ def goodput_by_run(t: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="L07 · goodput and throughput vs arrival rate, per run", xaxis_title="arrival rate (requests/s)",
                       yaxis_title="requests/s")
     return fig
+
+
+def block_pool(life: pd.DataFrame, t0: float, end_ts: float,
+               title: str = "The prefix cache's blocks over time (from the engine's KV events)") -> go.Figure:
+    """One horizontal bar per cached block — from stored to removed (or to ``end_ts`` if still cached) — coloured by
+    owner, times in seconds since ``t0``: who holds the pool, and whose blocks are evicted when it fills."""
+    fig = go.Figure()
+    life = life.reset_index(drop=True)
+    for owner, part in life.groupby(life.owner.replace("", "other"), sort=False):
+        end = part.removed_ts.fillna(end_ts)
+        fig.add_bar(y=part.index, x=end - part.stored_ts, base=part.stored_ts - t0, orientation="h", name=owner,
+                    hovertemplate="block %{y}: cached %{base:.2f}–%{x:.2f} s<extra>" + owner + "</extra>")
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="time (s)", yaxis_title="cached block (in order stored)",
+                      yaxis_autorange="reversed", legend_title="owner", height=420)
+    return fig

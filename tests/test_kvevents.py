@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from kvlab import kvevents
@@ -168,3 +169,26 @@ def test_an_unused_shared_prefix_is_evicted_least_recently_used_first():
     first_prefix_eviction = out["removed"].index("shared")
     assert all(o.startswith("u") for o in out["removed"][:first_prefix_eviction])  # unique blocks went first...
     assert out["removed"].count("shared") == 4 and out["hits"]["after unique only"] < 4 * size  # ...then the prefix
+
+
+def test_lifetimes_pair_each_stored_block_with_its_removal():
+    sub = subscriber_with(Batch(1.0, [BlockStored([11, 12], None, list(range(8)), 4)]),
+                          Batch(2.0, [BlockRemoved([12]), BlockStored([13], None, [9] * 4, 4)]),
+                          Batch(3.0, [BlockStored([12], 11, [4, 5, 6, 7], 4)]),
+                          Batch(5.0, [AllBlocksCleared()]),
+                          Batch(6.0, [BlockStored([14], None, [1] * 4, 4)]))
+    t = sub.table()
+    life = kvevents.lifetimes(t, pd.Series(["a", "a", "a", "b", "a", "", "c"], index=t.index))
+    assert life[["stored_ts", "removed_ts"]].fillna(-1).values.tolist() == [[1, 5], [1, 2], [2, 5], [3, 5], [6, -1]]
+    assert life.owner.tolist() == ["a", "a", "b", "a", "c"]
+
+
+def test_block_pool_figure_draws_one_bar_per_lifetime_by_owner():
+    from kvlab import plots
+
+    life = pd.DataFrame({"block_hash": ["a", "b", "c"], "position": [0, 1, 0], "owner": ["shared", "shared", ""],
+                         "stored_ts": [10.0, 10.0, 11.0], "removed_ts": [12.0, float("nan"), 13.0]})
+    fig = plots.block_pool(life, t0=10.0, end_ts=14.0)
+    shared = next(d for d in fig.data if d.name == "shared")
+    assert list(shared.base) == [0.0, 0.0] and list(shared.x) == [2.0, 4.0]
+    assert {d.name for d in fig.data} == {"shared", "other"}
