@@ -146,8 +146,7 @@ def run_open_loop(llm: Any, maker: Requests, rates_rps: list[float], seconds: fl
     frames = []
     for rate in tqdm(rates_rps, desc="rates", unit="rate", disable=not progress, leave=False):
         count = max(min_requests, math.ceil(rate * seconds))
-        llm.reset_prefix_cache()
-        _, reqs = run_workload(llm, open_loop(maker, rate, count, seed=seed), **run_args)
+        reqs = run_setting(llm, open_loop(maker, rate, count, seed=seed), **run_args)
         frames.append(reqs.assign(rate_rps=rate, loop="open"))
     return pd.concat(frames, ignore_index=True)
 
@@ -155,10 +154,8 @@ def run_open_loop(llm: Any, maker: Requests, rates_rps: list[float], seconds: fl
 def run_closed_loop(llm: Any, maker: Requests, users: int, count: int, think_s: float = 0.0, seed: int = 0,
                     **run_args: Any) -> pd.DataFrame:
     """One closed-loop run; one row per request with the number of ``users``."""
-    llm.reset_prefix_cache()
     first, follow = closed_loop(maker, users, count, think_s, seed=seed)
-    _, reqs = run_workload(llm, first, follow_up=follow, **run_args)
-    return reqs.assign(users=users, loop="closed")
+    return run_setting(llm, first, follow_up=follow, **run_args).assign(users=users, loop="closed")
 
 
 def check_rates(rates_rps: list[float]) -> None:

@@ -63,10 +63,9 @@ def shared_prefix_traffic(tokenizer: Any, count: int, shared_share: float, prefi
 
 def run_sequential(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: int) -> pd.DataFrame:
     """Send the requests one after another; one timing row each (with ``label`` and ``cached_tokens``)."""
-    from kvlab.experiments import generate_timed
-    from kvlab.timing import request_timing
+    from kvlab.caching import timed_requests
 
-    return pd.DataFrame([request_timing(generate_timed(llm, ids, max_tokens)) | {"label": label} for label, ids in requests])
+    return timed_requests(llm, [ids for _, ids in requests], [label for label, _ in requests], max_tokens)
 
 
 def preemption_run(llm: Any, sequences: int, prompt_tokens: int, output_tokens: int, seed: int = 0) -> pd.DataFrame:
