@@ -55,8 +55,12 @@ class Subscriber:
                                                    topic=self.topic)}
 
     def start(self) -> Subscriber:
-        """Connect and start collecting (before the engine starts, so no event is missed)."""
+        """Connect and start collecting (before the engine starts, so no event is missed); a second call (``with
+        Subscriber().start() as sub``) keeps the one connection, so no event is counted twice."""
         from kvlab.engine import import_vllm
+
+        if self._thread is not None and self._thread.is_alive():
+            return self
 
         import_vllm()
         ready = threading.Event()

@@ -38,6 +38,22 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
+def engine_values(llm: Any) -> dict[str, float]:
+    """The in-process engine's metrics (``LLM.get_metrics()``) in a scrape's shape, so the readers below work on both;
+    histogram buckets are cumulative there too (``vllm/v1/metrics/reader.py``)."""
+    values: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if hasattr(m, "buckets"):
+            for le, count in m.buckets.items():
+                key = f"{m.name}_bucket{{le={float(le)}}}"
+                values[key] = values.get(key, 0.0) + float(count)
+            values[m.name + "_count"] = values.get(m.name + "_count", 0.0) + float(m.count)
+            values[m.name + "_sum"] = values.get(m.name + "_sum", 0.0) + float(m.sum)
+        elif hasattr(m, "value"):
+            values[m.name] = values.get(m.name, 0.0) + float(m.value)
+    return values
+
+
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What changed between two scrapes (gauges keep their ``after`` value)."""
     return {k: v - before.get(k, 0.0) if not _is_gauge(k) else v for k, v in after.items()}

@@ -193,6 +193,13 @@ def load_config(model: str | None = None) -> Any:
     return AutoConfig.from_pretrained(resolve_model(model))
 
 
+def max_context(model: str | None = None) -> int | None:
+    """The model's context length (tokens) from its config, before any engine starts; None when it does not say."""
+    cfg = load_config(model)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return getattr(text, "max_position_embeddings", None) or getattr(text, "seq_length", None)
+
+
 def _save_random_model(target: Path, make_config: Callable[[], Any], tokenizer_from: str, stamp: dict) -> Path:
     """Build a model with random weights (seed 0, bf16: half the disk) from a config, save it with a tokenizer into
     ``target`` atomically (temporary folder, then rename: never half-written), and stamp it."""

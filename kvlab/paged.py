@@ -8,18 +8,13 @@ running sequence that cannot get its next block is preempted and later recompute
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any
 
 import pandas as pd
 
 from kvlab.errors import KVLabError
-
-
-def blocks_needed(tokens: int, block_size: int) -> int:
-    """Blocks one sequence of ``tokens`` tokens holds: ⌈tokens / block size⌉."""
-    return math.ceil(tokens / block_size)
+from kvlab.sizing import blocks_needed  # ⌈tokens / block size⌉: lesson 01's arithmetic, one definition
 
 
 def check_budget(blocks: int, block_size: int, max_model_len: int) -> None:
@@ -122,3 +117,151 @@ def survival_budget(requests: list[tuple[str, list[int]]], prefix_blocks: int, b
     """The smallest pool (blocks) in which every shared request after the first finds the prefix cached."""
     needs = [n for n in _prefix_pressure(requests, prefix_blocks, block_size, output_tokens) if n is not None]
     return max(needs, default=prefix_blocks + 1 + RESERVED_BLOCKS)
+
+
+# ---- budgets, traffic and the sweep over budgets (lesson 08 section 5, lab L08) ------------------------------------
+#: Units a KV budget can be given in: whole blocks, tokens or GiB (rounded down to whole blocks), or multiples of the
+#: traffic's survival budget (fits any model and block size).
+BUDGET_UNITS = ("survival", "blocks", "tokens", "GiB")
+
+
+def to_blocks(budgets: list[float], unit: str, block_size: int, bytes_per_token: int, survival: int) -> list[int]:
+    """Budgets as whole blocks (rounded down, duplicates dropped, increasing)."""
+    per_block = {"blocks": 1, "tokens": block_size, "GiB": block_size * bytes_per_token / 2**30,
+                 "survival": 1 / survival}
+    if unit not in per_block:
+        raise KVLabError(f"Unknown budget unit {unit!r}; use one of {', '.join(BUDGET_UNITS)}.")
+    return sorted({int(b / per_block[unit] + 1e-9) for b in budgets})
+
+
+def check_traffic(prefix_tokens: int, suffix_tokens: int, unique_tokens: int, output_tokens: int, max_context: int | None) -> int:
+    """The longest request (tokens, output included); refuses traffic longer than the model's context in one sentence."""
+    longest = max(prefix_tokens + suffix_tokens, unique_tokens) + output_tokens
+    if max_context and prefix_tokens + suffix_tokens + output_tokens > max_context:
+        raise KVLabError(f"The shared prefix ({prefix_tokens:,} tokens) plus its suffix ({suffix_tokens:,}) and the output "
+                         f"({output_tokens:,}) is longer than the model's context of {max_context:,} tokens; use a shorter "
+                         "shared prefix.")
+    if max_context and longest > max_context:
+        raise KVLabError(f"A unique prompt of {unique_tokens:,} tokens plus {output_tokens:,} output tokens is longer than "
+                         f"the model's context of {max_context:,} tokens; use a shorter unique prompt.")
+    return longest
+
+
+def prefix_blocks_of(prefix_tokens: int, block_size: int) -> int:
+    """Whole blocks of a shared prefix (only full blocks are shared); refuses a prefix shorter than one block."""
+    if prefix_tokens < block_size:
+        raise KVLabError(f"A shared prefix of {prefix_tokens:,} tokens is shorter than one KV block ({block_size} tokens): "
+                         f"only full blocks are shared; use a prefix of at least {block_size} tokens.")
+    return prefix_tokens // block_size
+
+
+def run_traffic(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: int, concurrency: int = 1) -> pd.DataFrame:
+    """The requests one after another (``concurrency`` 1), or in waves of ``concurrency`` submitted together."""
+    if concurrency <= 1:
+        return run_sequential(llm, requests, max_tokens)
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from kvlab.timing import timing_table
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    waves = []
+    for start in range(0, len(requests), concurrency):
+        wave = requests[start : start + concurrency]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for _, ids in wave], params, use_tqdm=False)
+        waves.append(timing_table(outs, wave=start // concurrency).assign(label=[label for label, _ in wave]))
+    return pd.concat(waves, ignore_index=True)
+
+
+def block_residency(llm: Any) -> dict[str, float]:
+    """The engine's block residency histograms (``kv_cache_metrics=True``, ``vllm/v1/core/kv_cache_metrics.py``): how
+    many blocks were handed out again and how long they had lived / sat idle. vLLM records a block when the pool hands
+    it out again, cached or not (``block_pool.py``: ``_maybe_evict_cached_block`` calls ``on_block_evicted`` before it
+    checks for a hash), so with sample rate 1 the count is at least the BlockRemoved events."""
+    from kvlab import metrics
+
+    values = metrics.engine_values(llm)
+    life, idle = "vllm:kv_block_lifetime_seconds", "vllm:kv_block_idle_before_evict_seconds"
+    return {"reallocated_blocks": values.get(life + "_count", 0.0),
+            "block_lifetime_p50_s": metrics.quantile(values, life, 0.5),
+            "idle_before_evict_p50_s": metrics.quantile(values, idle, 0.5),
+            "idle_before_evict_p95_s": metrics.quantile(values, idle, 0.95)}
+
+
+def expected_stored(results: pd.DataFrame, block_size: int) -> int:
+    """Blocks the requests should have stored: each caches its full blocks of computed tokens (prompt + output − 1:
+    the last token's KV is never computed) except the ones it found cached."""
+    full = (results.prompt_tokens + results.output_tokens - 1) // block_size
+    return int((full - results.cached_tokens // block_size).sum())
+
+
+def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefix_ids: list[int], block_size: int,
+                 bytes_per_token: int, output_tokens: int, max_model_len: int, subscriber: Any = None,
+                 concurrency: int = 1, model: str | None = None, **engine_args: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The same traffic on an engine of each budget (whole blocks): per-request rows (with the prefix hit and, for
+    sequential traffic, the predicted one), one row per budget of the engine's own counters and histograms, and the
+    KV cache events (when a ``kvevents.Subscriber`` is given). Each engine is closed before the next starts."""
+    from tqdm.auto import tqdm
+
+    from kvlab import kvevents
+    from kvlab.caching import prefix_counters
+    from kvlab.engine import close_engine
+
+    prefix_blocks = len(prefix_ids) // block_size
+    rows, engine_rows, event_tables = [], [], []
+    extra = (subscriber.engine_args() if subscriber else {}) | {"kv_cache_metrics": True, "kv_cache_metrics_sample": 1.0}
+    for blocks in tqdm(budgets, desc="KV budgets", leave=False):
+        llm = engine_with_blocks(blocks, block_size, bytes_per_token, max_model_len, model=model, **extra, **engine_args)
+        try:
+            if subscriber:
+                subscriber.wait_quiet()
+                subscriber.clear()
+            before = prefix_counters(llm)
+            res = run_traffic(llm, traffic, output_tokens, concurrency)
+            after = prefix_counters(llm)
+            residency = block_residency(llm)
+        finally:
+            close_engine(llm)
+        predicted = predicted_prefix_hits(traffic, prefix_blocks, block_size, output_tokens, blocks) \
+            if concurrency <= 1 else [None] * len(traffic)
+        res = res.assign(budget_blocks=blocks, budget_tokens=blocks * block_size, predicted_hit=predicted,
+                         hit=(res.label == "shared") & (res.cached_tokens >= prefix_blocks * block_size))
+        rows.append(res)
+        row = {"budget_blocks": blocks, "engine_hit_tokens": after["hits"] - before["hits"],
+               "engine_query_tokens": after["queries"] - before["queries"], **residency}
+        if subscriber:
+            subscriber.wait_quiet()
+            ev = subscriber.table()
+            ev = ev.assign(budget_blocks=blocks, owner=kvevents.owners(ev, {"shared prefix": prefix_ids}, block_size))
+            event_tables.append(ev.drop(columns=["token_ids"]))
+            row |= {"stored_events": int((ev.event == "stored").sum()), "removed_events": int((ev.event == "removed").sum()),
+                    "prefix_blocks_evicted": int(((ev.event == "removed") & (ev.owner == "shared prefix")).sum()),
+                    "expected_stored": expected_stored(res, block_size)}
+        engine_rows.append(row)
+    events = pd.concat(event_tables, ignore_index=True) if event_tables else pd.DataFrame()
+    return pd.concat(rows, ignore_index=True), pd.DataFrame(engine_rows), events
+
+
+def budget_table(results: pd.DataFrame, engine: pd.DataFrame, block_size: int, bytes_per_token: int) -> pd.DataFrame:
+    """One row per budget: its size in blocks, tokens and MiB, the engine's token hit rate, the shared requests' prefix
+    hits (measured and predicted) and TTFT p50/p95 of shared and unique requests."""
+    from kvlab.timing import p95
+
+    def per_budget(g: pd.DataFrame) -> pd.Series:
+        shared, unique = g[g.label == "shared"], g[g.label == "unique"]
+        checked = shared.dropna(subset=["predicted_hit"])
+        return pd.Series({
+            "shared_requests": len(shared), "prefix_hits": int(shared.hit.sum()),
+            "predicted_hits": int(checked.predicted_hit.astype(bool).sum()) if len(checked) else float("nan"),
+            "prediction_agrees": (checked.predicted_hit.astype(bool) == checked.hit).mean() if len(checked) else float("nan"),
+            "shared_ttft_p50_ms": shared.ttft_s.median() * 1e3, "shared_ttft_p95_ms": p95(shared.ttft_s) * 1e3,
+            "unique_ttft_p50_ms": unique.ttft_s.median() * 1e3, "unique_ttft_p95_ms": p95(unique.ttft_s) * 1e3,
+            "cached_tokens": int(g.cached_tokens.sum())})
+
+    table = results.groupby("budget_blocks").apply(per_budget, include_groups=False).reset_index()
+    table = table.astype({"shared_requests": int, "prefix_hits": int, "cached_tokens": int})
+    table.insert(1, "budget_tokens", table.budget_blocks * block_size)
+    table.insert(2, "budget_mib", table.budget_blocks * block_size * bytes_per_token / 2**20)
+    table = table.merge(engine, on="budget_blocks")
+    table["token_hit_rate"] = table.engine_hit_tokens / table.engine_query_tokens
+    return table

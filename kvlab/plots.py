@@ -324,3 +324,25 @@ def block_pool(life: pd.DataFrame, t0: float, end_ts: float,
     fig.update_layout(title=title, barmode="overlay", xaxis_title="time (s)", yaxis_title="cached block (in order stored)",
                       yaxis_autorange="reversed", legend_title="owner", height=420)
     return fig
+
+
+def hit_rate_by_budget(table: pd.DataFrame, survival_blocks: int | None = None,
+                       title: str = "The prefix survives once the pool holds it and everything cached between its uses") -> go.Figure:
+    """Per KV budget (blocks): the engine's token hit rate and the share of shared requests that hit the prefix (left),
+    shared-prefix TTFT p50/p95 (right, ms); the survival budget marked (``paged.budget_table``'s columns)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    hit_share = table.prefix_hits / (table.shared_requests - 1).clip(lower=1)
+    fig.add_scatter(x=table.budget_blocks, y=table.token_hit_rate, name="prefix-cache hit rate (tokens, engine)",
+                    mode="lines+markers")
+    fig.add_scatter(x=table.budget_blocks, y=hit_share, name="shared requests that hit (after the first)",
+                    mode="lines+markers", line_dash="dash")
+    for q, dash in (("p50", "dot"), ("p95", "dashdot")):
+        fig.add_scatter(x=table.budget_blocks, y=table[f"shared_ttft_{q}_ms"], name=f"shared-prefix TTFT {q} (ms)",
+                        mode="lines+markers", line_dash=dash, secondary_y=True)
+    if survival_blocks:
+        fig.add_vline(x=survival_blocks, line_dash="dash",
+                      annotation_text=f"prefix + cached since + 2 = {survival_blocks} blocks")
+    fig.update_layout(title=title, xaxis_title="KV pool (blocks)", yaxis_title="hit rate (0-1)", yaxis2_title="TTFT (ms)")
+    return fig

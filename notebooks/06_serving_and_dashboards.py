@@ -218,7 +218,8 @@ print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft
 # | One long prompt stalls every decoding user | [04 · 3. The stall, token by token](04_chunked_prefill.ipynb#3.-The-stall,-token-by-token) |
 # | A short request stuck behind a long one | [04 · 5. A short prompt behind a long one](04_chunked_prefill.ipynb#5.-A-short-prompt-behind-a-long-one) |
 # | Bigger batches bought with every user's latency | [05 · 1. Offline batches](05_batching.ipynb#1.-Offline-batches) |
-# | KV cache full: queueing and preemption | [05 · 3. When the KV cache caps the batch](05_batching.ipynb#3.-When-the-KV-cache-caps-the-batch) |
+# | KV cache full: queueing and preemption | [05 · 3. When the KV cache caps the batch](05_batching.ipynb#3.-When-the-KV-cache-caps-the-batch), [08 · 6. Preemption](08_inside_the_paged_kv_cache.ipynb#6.-Preemption:-more-sequences-than-the-pool-holds) |
+# | The prefix-cache hit rate falls under load: other traffic evicts the shared prefix | [08 · 4. The block pool over time](08_inside_the_paged_kv_cache.ipynb#4.-The-block-pool-over-time), [08 · 5. Hit rate against the KV budget](08_inside_the_paged_kv_cache.ipynb#5.-Hit-rate-against-the-KV-budget) |
 # | Optimizing throughput while the TTFT SLO burns | [07 · 4. Open loop: a rate sweep, and the knee](07_capacity_under_slos.ipynb#4.-Open-loop:-a-rate-sweep,-and-the-knee) |
 # | A closed-loop load test: it cannot show the queue an overloaded product builds | [07 · 5. Open vs closed loop](07_capacity_under_slos.ipynb#5.-Open-vs-closed-loop:-which-one-can-show-the-queue-explode?) |
 # | One pool for interactive chat and offline summarization | [07 · 6. Chat next to batch jobs](07_capacity_under_slos.ipynb#6.-Chat-next-to-batch-jobs-on-one-pool), [07 · 7. Four ways to keep chat fast](07_capacity_under_slos.ipynb#7.-Four-ways-to-keep-chat-fast,-measured-on-the-same-traffic) |

@@ -165,47 +165,39 @@ kvlab.close_engine(small)
 
 # %%
 traffic = paged.shared_prefix_traffic(tok, kvlab.pick(20, 12), 0.5, prefix_blocks * B, 40, 3 * B + 10, seed=4)
+prefix_ids = next(ids[: prefix_blocks * B] for label, ids in traffic if label == "shared")
 need = paged.survival_budget(traffic, prefix_blocks, B, output_tokens=2)
 budgets = sorted({max(prefix_blocks + 2, need - 4), need - 1, need, need + 4})
 print(f"prefix {prefix_blocks} blocks; lesson 01's arithmetic: every shared request hits from {need} blocks "
       f"({need * B:,} tokens, {need * B * cap.bytes_per_token / 2**20:.1f} MiB) up")
-sweep_rows = []
-for blocks in budgets:
-    eng = paged.engine_with_blocks(blocks, B, cap.bytes_per_token, max_model_len=(prefix_blocks + 1) * B, enforce_eager=True)
-    before = prefix_counters(eng)
-    res = paged.run_sequential(eng, traffic, max_tokens=2)
-    after = prefix_counters(eng)
-    kvlab.close_engine(eng)
-    predicted = paged.predicted_prefix_hits(traffic, prefix_blocks, B, 2, blocks)
-    res = res.assign(budget_blocks=blocks, predicted_hit=predicted, hit=res.cached_tokens >= prefix_blocks * B,
-                     token_hit_rate=(after["hits"] - before["hits"]) / (after["queries"] - before["queries"]))
-    sweep_rows.append(res)
-budget_runs = pd.concat(sweep_rows, ignore_index=True)
-shared_runs = budget_runs[budget_runs.label == "shared"]
-by_budget = shared_runs.groupby("budget_blocks").agg(
-    shared_requests=("hit", "size"), prefix_hits=("hit", "sum"), predicted_hits=("predicted_hit", lambda s: int(s.fillna(False).sum())),
-    shared_ttft_p50_ms=("ttft_s", lambda s: s.median() * 1e3), shared_ttft_p95_ms=("ttft_s", lambda s: s.quantile(0.95) * 1e3))
-by_budget["token hit rate (engine counters)"] = budget_runs.groupby("budget_blocks").token_hit_rate.first()
-by_budget.round(3)
+budget_runs, engine_rows, budget_events = paged.budget_sweep(traffic, budgets, prefix_ids, B, cap.bytes_per_token, 2,
+                                                             (prefix_blocks + 1) * B, subscriber=sub, enforce_eager=True)
+by_budget = paged.budget_table(budget_runs, engine_rows, B, cap.bytes_per_token).set_index("budget_blocks")
+by_budget[["budget_tokens", "budget_mib", "token_hit_rate", "shared_requests", "prefix_hits", "predicted_hits",
+           "shared_ttft_p50_ms", "shared_ttft_p95_ms", "prefix_blocks_evicted"]].round(3)
 
 # %%
-from plotly.subplots import make_subplots
-
-fig = make_subplots(specs=[[{"secondary_y": True}]])
-fig.add_scatter(x=by_budget.index, y=by_budget["token hit rate (engine counters)"], name="prefix-cache hit rate (tokens)", mode="lines+markers")
-fig.add_scatter(x=by_budget.index, y=by_budget.shared_ttft_p95_ms, name="shared-prefix TTFT p95 (ms)", mode="lines+markers",
-                line_dash="dot", secondary_y=True)
-fig.add_vline(x=need, line_dash="dash", annotation_text=f"prefix + cached since + 2 = {need}")
-fig.update_layout(title="The prefix survives once the pool holds it and everything cached between its uses",
-                  xaxis_title="KV pool (blocks)", yaxis_title="hit rate", yaxis2_title="ms")
+fig = kvlab.plots.hit_rate_by_budget(by_budget.reset_index(), need)
 fig.show()
 
+# %% [markdown]
+# The events and the engine's counters tell the same story, per budget: every request stores its full computed blocks
+# except those it found cached (the hit counter), and every eviction (`BlockRemoved`) is a block the pool handed out
+# again — vLLM's own block-residency histogram (`kv_cache_metrics=True`), which also counts uncached partial blocks.
+
 # %%
-checked = shared_runs.dropna(subset=["predicted_hit"])
+checked = budget_runs[budget_runs.label == "shared"].dropna(subset=["predicted_hit"])
 agree = (checked.predicted_hit.astype(bool) == checked.hit).mean()
+by_budget[["engine_hit_tokens", "cached_tokens", "stored_events", "expected_stored", "removed_events", "reallocated_blocks",
+           "idle_before_evict_p50_s"]]
+
+# %%
+hit_rates = by_budget.token_hit_rate
 print(f"the arithmetic predicted {agree:.0%} of {len(checked)} shared requests' hit or miss; hit rate "
-      f"{by_budget['token hit rate (engine counters)'].iloc[0]:.0%} at {budgets[0]} blocks → {by_budget['token hit rate (engine counters)'].iloc[-1]:.0%} at {budgets[-1]}")
-assert by_budget["token hit rate (engine counters)"].iloc[0] < by_budget["token hit rate (engine counters)"].iloc[-1]
+      f"{hit_rates.iloc[0]:.0%} at {budgets[0]} blocks → {hit_rates.iloc[-1]:.0%} at {budgets[-1]}")
+assert (by_budget.engine_hit_tokens == by_budget.cached_tokens).all() and (by_budget.stored_events == by_budget.expected_stored).all()
+assert (by_budget.removed_events <= by_budget.reallocated_blocks).all()
+assert hit_rates.iloc[0] < hit_rates.iloc[-1]
 assert by_budget.prefix_hits.loc[need] == by_budget.shared_requests.loc[need] - 1  # all but the cold first one
 
 # %% [markdown]
@@ -261,8 +253,8 @@ Markdown(f"""
 - In a {pool_blocks}-block pool, a {prefix_blocks}-block prefix that kept being used survived every unique request
   (the unique blocks were evicted instead); with unique traffic only it was evicted ({len(prefix_removed)} blocks), and
   the next shared request found {last.cached_tokens} cached tokens.
-- On the same traffic, the engine's token hit rate went {by_budget['token hit rate (engine counters)'].iloc[0]:.0%} at
-  {budgets[0]} blocks → {by_budget['token hit rate (engine counters)'].iloc[-1]:.0%} at {budgets[-1]}; the arithmetic (prefix + blocks
+- On the same traffic, the engine's token hit rate went {hit_rates.iloc[0]:.0%} at
+  {budgets[0]} blocks → {hit_rates.iloc[-1]:.0%} at {budgets[-1]}; the arithmetic (prefix + blocks
   cached since its last use + 2) said every shared request hits from **{need} blocks**, and called {agree:.0%} of the
   shared requests' hits and misses right. Shared-prefix TTFT p95: {by_budget.shared_ttft_p95_ms.iloc[0]:.0f} →
   {by_budget.shared_ttft_p95_ms.iloc[-1]:.0f} ms.

@@ -55,6 +55,14 @@ def test_stored_blocks_become_one_row_each_with_their_chain_position_and_tokens(
     assert not sub.folder.exists()  # close() removed the socket's folder
 
 
+def test_starting_twice_keeps_one_connection_so_no_event_is_counted_twice():
+    import threading
+
+    with kvevents.Subscriber().start() as sub:  # start() then __enter__: one listening thread, not two
+        assert sum(t.name == "kvlab-kv-events" for t in threading.enumerate()) == 1
+    assert not sub.folder.exists() and not any(t.name == "kvlab-kv-events" for t in threading.enumerate())
+
+
 def test_owners_follow_the_whole_prefix_not_just_one_block():
     a = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks of 4 (the 9th token is a partial block: never cached)
     b = [1, 2, 3, 4, 50, 60, 70, 80]  # shares a's first block only
