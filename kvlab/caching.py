@@ -34,9 +34,9 @@ def user_turns() -> list[str]:
 
 def chat_ids(tokenizer: Any, system: str, user: str) -> list[int]:
     """Token ids of a chat prompt (system + user, generation prompt added) in the model's own chat template."""
-    ids = tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                                       add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    from kvlab.prompts import chat_template_ids
+
+    return chat_template_ids(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": user}])
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

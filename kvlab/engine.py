@@ -53,7 +53,26 @@ def import_vllm():  # noqa: ANN201 - returns the vllm module
     _prepare_vllm_import()
     with quiet():
         import vllm
+    _tolerant_kernel_scan()
     return vllm
+
+
+def _tolerant_kernel_scan() -> None:
+    """Work around a vLLM 0.32 start-up failure. Each engine start scans every loaded module for Triton kernels to
+    override (``vllm/triton_utils/dispatcher.py``: ``vars(value).get("kernel")`` on every module attribute). Once the
+    n-gram proposer has loaded numba, llvmlite's ffi wrappers answer ``vars()`` with an object that has no ``get``, so a
+    second speculative engine in one process fails with "'_lib_fn_wrapper' object has no attribute 'get'" (measured).
+    The scan's ``vars`` becomes one that treats such objects as having no attributes; nothing else changes."""
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:  # another vLLM version: nothing to work around
+        return
+
+    def tolerant_vars(value: Any) -> dict[str, Any]:
+        found = vars(value)
+        return found if isinstance(found, dict) else {}
+
+    dispatcher.vars = tolerant_vars
 
 
 def engine_defaults(quick: bool | None = None) -> dict[str, Any]:

@@ -60,6 +60,12 @@ def shared_prefix_prompts(tokenizer: Any, prefix_tokens: int, suffix_tokens: int
     return [prefix + s for s in suffixes]
 
 
+def chat_template_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a chat in the model's own chat template, generation prompt added (what the server would send)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
 def check_fits(prompt_tokens: int, output_tokens: int, max_model_len: int) -> None:
     """Refuse a request longer than the engine's context with one sentence saying how to fix it."""
     if prompt_tokens + output_tokens > max_model_len:

@@ -201,6 +201,19 @@ class ModelCost:
             lo, hi = (lo, mid) if compute_wins(mid) else (mid + 1, hi)
         return lo
 
+    def forward_flops(self, new_tokens: int, context_tokens: int) -> float:
+        """FLOPs of one forward pass over ``new_tokens`` after ``context_tokens`` cached ones, with logits for every new
+        token (what verifying speculated tokens needs; a decode step is ``new_tokens`` = 1)."""
+        n, c = new_tokens, context_tokens
+        attention = 2 * 2 * self.attn_width * self.layers * n * (c + (n + 1) / 2)
+        return 2 * (self.linear_params + self.lm_head_params) * n + attention
+
+    def forward_bound_s(self, new_tokens: int, context_tokens: int, limits: MachineLimits) -> float:
+        """Lower bound of that pass on this machine: the larger of its compute time and the time to read the weights
+        and the context's KV cache (and write the new tokens' KV)."""
+        moved = self.weights_read(new_tokens) + self.kv_bytes_per_token * (context_tokens + new_tokens)
+        return max(self.forward_flops(new_tokens, context_tokens) / limits.matmul_flops, moved / limits.bandwidth)
+
     def batch_decode_step_bytes(self, batch: int, context_tokens: float) -> float:
         """Minimum bytes one decode step of ``batch`` sequences reads: the weights once for all of them, and every
         sequence's own KV cache — batching shares the weight read, not the KV reads."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -54,7 +55,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 def server_flags(engine_args: dict[str, Any]) -> list[str]:
     """Engine arguments as the server's command-line flags: ``max_model_len=2048`` → ``--max-model-len 2048``,
-    booleans as ``--flag`` / ``--no-flag``."""
+    booleans as ``--flag`` / ``--no-flag``, dicts (``speculative_config``) as JSON, as ``vllm serve`` takes them."""
     flags: list[str] = []
     for key, value in engine_args.items():
         if key in _NOT_FLAGS or value is None:
@@ -62,6 +63,8 @@ def server_flags(engine_args: dict[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
         else:
             flags += [flag, str(value)]
     return flags

@@ -126,11 +126,12 @@ def summarize(df: pd.DataFrame, columns: Iterable[str] = ("ttft_s", "tpot_s", "e
     return df.groupby(by).apply(_one, include_groups=False).reset_index()
 
 
-def stream_timing(llm: Any, prompt_token_ids: list[int], max_tokens: int) -> dict[str, Any]:
-    """Drive one request token by token in-process and time each token as the caller receives it.
+def stream_timing(llm: Any, prompt_token_ids: list[int], max_tokens: int, ignore_eos: bool = True) -> dict[str, Any]:
+    """Drive one request chunk by chunk in-process and time each chunk as the caller receives it.
 
-    This is the client-side timing shape: TTFT = first event − submit; TPOT over the rest of the stream;
-    ITL = every gap. The engine's own timestamps for the same request come back alongside (``engine_*``).
+    This is the client-side timing shape: TTFT = first chunk − submit; TPOT = (last chunk − first chunk) ÷ (tokens −
+    1); ITL = every gap between chunks (``itl_s``), with the tokens each chunk carried (``chunk_tokens``: one each
+    without speculative decoding, several with it). The engine's own timestamps come back alongside (``engine_*``).
     """
     import time
     import uuid
@@ -139,10 +140,12 @@ def stream_timing(llm: Any, prompt_token_ids: list[int], max_tokens: int) -> dic
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA)
     engine = llm.llm_engine
     rid = f"stream-{uuid.uuid4().hex[:8]}"
     stamps: list[float] = []
+    sizes: list[int] = []
+    token_ids: list[int] = []
     final = None
     submit = time.perf_counter()
     engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt_token_ids)), params)
@@ -150,18 +153,23 @@ def stream_timing(llm: Any, prompt_token_ids: list[int], max_tokens: int) -> dic
         for out in engine.step():
             if out.request_id != rid:
                 continue
-            now = time.perf_counter()
-            stamps.extend([now] * len(out.outputs[0].token_ids))
+            new = list(out.outputs[0].token_ids)
+            if new:
+                stamps.append(time.perf_counter())
+                sizes.append(len(new))
+                token_ids += new
             if out.finished:
                 final = out
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    n = len(token_ids)
     row = {
         "prompt_tokens": len(prompt_token_ids),
-        "output_tokens": len(stamps),
+        "output_tokens": n,
         "client_ttft_s": stamps[0] - submit,
-        "client_tpot_s": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan"),
+        "client_tpot_s": (stamps[-1] - stamps[0]) / (n - 1) if n > 1 else float("nan"),
         "client_e2e_s": stamps[-1] - submit,
-        "itl_s": gaps,
+        "itl_s": [b - a for a, b in zip(stamps, stamps[1:], strict=False)],
+        "chunk_tokens": sizes,
+        "token_ids": token_ids,
     }
     if final is not None and getattr(final, "metrics", None) is not None:
         engine_row = request_timing(final)

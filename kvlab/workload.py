@@ -65,7 +65,8 @@ def run_workload(llm: Any, arrivals: list[Arrival], timeout_s: float = 900.0, la
     in_lane: dict[str, int] = {}
     submitted: dict[str, float] = {}
     finals: dict[str, Any] = {}
-    stamps: dict[str, list[float]] = {}
+    stamps: dict[str, list[float]] = {}  # one time per token (a chunk's tokens share its time)
+    chunks: dict[str, list[float]] = {}  # one time per streamed chunk: ITL is the gap between chunks
     start = time.perf_counter()
 
     def admit(now: float) -> None:
@@ -93,7 +94,9 @@ def run_workload(llm: Any, arrivals: list[Arrival], timeout_s: float = 900.0, la
         outputs = engine.step()
         t = time.perf_counter() - start
         for out in outputs:
-            stamps.setdefault(out.request_id, []).extend([t] * len(out.outputs[0].token_ids))
+            if out.outputs[0].token_ids:
+                stamps.setdefault(out.request_id, []).extend([t] * len(out.outputs[0].token_ids))
+                chunks.setdefault(out.request_id, []).append(t)
             if out.finished:
                 finals[out.request_id] = out
                 done = by_id[out.request_id]
@@ -112,7 +115,8 @@ def run_workload(llm: Any, arrivals: list[Arrival], timeout_s: float = 900.0, la
         times = stamps.get(rid, [])
         if not times:
             continue
-        gaps = [b - x for x, b in zip(times, times[1:], strict=False)]
+        arrived = chunks[rid]
+        gaps = [b - x for x, b in zip(arrived, arrived[1:], strict=False)]
         n = len(times)
         row = {"request_id": rid, "label": a.label, "lane": a.lane, "priority": a.priority, "user": a.user,
                "prompt_tokens": len(a.prompt_ids), "output_tokens": n,

@@ -100,3 +100,21 @@ def test_limits_are_measured_and_plausible():
     limits = roofline.measure_limits("float32", quick=True)
     assert 1e9 < limits.matmul_flops < 1e14 and 1e8 < limits.bandwidth < 1e13
     assert json.dumps(limits.as_dict())
+
+
+def test_a_verifying_pass_is_bound_by_weight_reads_until_its_tokens_reach_the_ridge():
+    """Speculative decoding (lesson 09): one pass over n new tokens after c cached ones needs logits for all n; on an
+    8B model on an H100 it stays bound by the 15 GB weight read until n approaches the ridge (~295 tokens)."""
+    llama = roofline.ModelCost.from_config(load_preset("Llama-3.1-8B")["config"], bytes_per_param=2,
+                                          kv_bytes_per_token=2 * 32 * 8 * 128 * 2)
+    width, layers = 32 * 128, 32
+    n, c = 5, 1000
+    attention = 4 * width * layers * n * (c + (n + 1) / 2)
+    assert llama.forward_flops(n, c) == pytest.approx(2 * (llama.linear_params + llama.lm_head_params) * n + attention)
+    h100 = roofline.H100_SXM_BF16
+    one, five = llama.forward_bound_s(1, c, h100), llama.forward_bound_s(5, c, h100)
+    assert five / one == pytest.approx(1.0, abs=0.01)  # verifying k + 1 = 5 tokens costs one step's weight read
+    assert llama.forward_bound_s(1024, c, h100) / one > 2  # far past the ridge it is compute-bound: no longer free
+    small = cost()  # the course model on a 2-core CPU's balance (10 FLOP/byte): compute-bound from a handful of tokens
+    cpu = roofline.MachineLimits(matmul_flops=1e11, bandwidth=1e10, dtype="float32", device="cpu", threads=2)
+    assert small.forward_bound_s(64, 256, cpu) > 2 * small.forward_bound_s(1, 256, cpu)

@@ -18,6 +18,15 @@ def test_engine_arguments_become_server_flags():
     assert flags == ["--max-model-len", "2048", "--enforce-eager", "--no-enable-prefix-caching", "--seed", "0"]
 
 
+def test_a_speculative_config_becomes_the_json_vllm_serve_takes():
+    import json
+
+    from kvlab import speculative
+
+    flags = serving.server_flags(speculative.ngram_config(4))
+    assert flags[0] == "--speculative-config" and json.loads(flags[1]) == speculative.ngram_config(4)["speculative_config"]
+
+
 def test_server_binds_loopback_by_default_and_builds_its_command():
     s = serving.Server(enforce_eager=True)
     cmd = s.command()

@@ -1,0 +1,241 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Making decode faster without a bigger batch: speculative decoding
+#
+# Lesson 02 showed that decode is bound by memory bandwidth: each step reads every weight to produce **one** token per
+# sequence, and most of the machine's compute sits idle. Lesson 05 filled that idle compute with more sequences. The
+# other lever is **speculative decoding**: guess several next tokens cheaply, check them all in **one** forward pass of
+# the model, and keep the ones the model agrees with. When guesses are often right, one weight read yields several
+# tokens.
+#
+# The guesser here is vLLM's **n-gram (prompt lookup) proposer**: it finds the last few generated tokens earlier in
+# the prompt or output and proposes the k tokens that followed them there (`vllm/config/speculative.py`,
+# `method="ngram"`). It costs nothing to run, and it is right exactly when the answer copies the input — editing a
+# document, refactoring code, extracting a quote. The model then verifies the k proposals and adds one token of its
+# own; greedy decoding keeps the longest run it agrees with, so the answer should not change.
+#
+# You will: measure what verifying k + 1 tokens costs on this machine, run three tasks with speculation off and on,
+# plot speed-up against acceptance rate, check the answers are the same, see what speculation does to ITL and TPOT,
+# and find where it stops paying: bigger batches and low acceptance.
+
+# %%
+import kvlab
+
+kvlab.setup_notebook()
+env = kvlab.print_env()
+
+# %% [markdown]
+# ## 1. Why it can work: one pass over k + 1 tokens costs about one decode step
+#
+# A decode step over n new tokens reads the same weights as a step over one, and does n times the arithmetic. While
+# that arithmetic still fits under the time the weight read takes (lesson 02's roofline), verifying k + 1 tokens costs
+# about what producing one does. Here: the machine's measured limits, the lower bound of one forward pass over 1 … k + 1
+# tokens after a cached context, and the measured pass (the engine's prefill time for a prompt whose context is cached,
+# so only the n new tokens are computed).
+
+# %%
+import pandas as pd
+
+from kvlab import roofline, speculative
+
+ks = kvlab.pick([2, 4, 8], [2, 4])
+limits = roofline.measure_limits(quick=kvlab.quick())
+base = kvlab.make_engine(enforce_eager=True, max_model_len=2048, enable_prefix_caching=True)
+cost = roofline.engine_cost(base)
+verify = speculative.verify_cost(base, max(ks) + 1, repeats=kvlab.pick(7, 5))
+passes = verify.groupby("new_tokens").pass_s.agg(p50="median", p95=lambda s: s.quantile(0.95)).mul(1e3)
+context = int(verify.context_tokens.iloc[0])
+passes["bound_ms"] = [cost.forward_bound_s(n, context, limits) * 1e3 for n in passes.index]
+passes["GFLOP"] = [cost.forward_flops(n, context) / 1e9 for n in passes.index]
+passes.round(2)
+
+# %%
+import plotly.graph_objects as go
+
+fig = go.Figure()
+fig.add_scatter(x=passes.index, y=passes.p50, name="measured pass p50", mode="lines+markers",
+                error_y={"type": "data", "array": passes.p95 - passes.p50, "symmetric": False})
+fig.add_scatter(x=passes.index, y=passes.bound_ms, name="lower bound (roofline)", mode="lines", line_dash="dash")
+fig.add_scatter(x=passes.index, y=passes.p50.iloc[0] * passes.index, name="n separate decode steps", mode="lines",
+                line_dash="dot")
+fig.update_layout(title=f"One forward pass over n new tokens after {context} cached ones costs about one step",
+                  xaxis_title="new tokens in the pass (n = k + 1 when verifying k proposals)", yaxis_title="time (ms)")
+fig.show()
+
+# %%
+one, most = passes.p50.iloc[0], passes.p50.iloc[-1]
+print(f"one pass over {passes.index[-1]} tokens: {most:.1f} ms vs {one:.1f} ms for 1 token ({most / one:.2f}×) — "
+      f"{passes.index[-1]} separate steps would take {passes.index[-1] * one:.0f} ms; the bound is "
+      f"{passes.bound_ms.iloc[0]:.1f} → {passes.bound_ms.iloc[-1]:.1f} ms (bandwidth-bound: the weights dominate)")
+assert most < passes.index[-1] * one / 2  # verifying k + 1 tokens costs well under k + 1 decode steps
+
+# %% [markdown]
+# ## 2. Three tasks, speculation off
+#
+# - **edit**: "fix any typos in this paragraph and return it" — paragraphs of the Python reference (`data/text`); the
+#   answer copies the input;
+# - **code**: "add type hints to this function and return it" — functions of Python's own standard library;
+# - **chat**: open questions — nothing in the prompt to copy.
+#
+# Greedy, each request alone, streamed chunk by chunk (TPOT from the first to the last chunk, ITL between chunks).
+
+# %%
+requests, max_tokens = kvlab.pick(4, 2), kvlab.pick(96, 64)
+runs = [speculative.run_tasks(base, list(speculative.TASKS), requests, max_tokens, k=0)]
+runs[0].groupby("task")[["prompt_tokens", "output_tokens", "client_tpot_s"]].median().round(4)
+
+# %% [markdown]
+# ## 3. Speculation on: speed-up against acceptance rate
+#
+# One engine per k (the speculative config is fixed when the engine starts), prompt lookup of 2–4 tokens. The
+# engine's counters say how many proposed tokens it accepted (`vllm:spec_decode_num_accepted_tokens` ÷
+# `…_num_draft_tokens`, `vllm/v1/spec_decode/metrics.py`). The speed-up is TPOT p50 with speculation off ÷ on.
+
+# %%
+batch_sizes, batch_k = kvlab.pick([1, 4, 8, 16], [1, 8]), 4  # batches run with k = 4 (section 6)
+edit_prompts = [kvlab.prompts.chat_template_ids(base.get_tokenizer(), m) for m in speculative.task_messages("edit", 4)]
+batches = [speculative.batch_run(base, edit_prompts, batch_sizes, 64, k=0)]
+kvlab.close_engine(base)
+for k in ks:
+    eng = kvlab.make_engine(enforce_eager=True, max_model_len=2048, **speculative.ngram_config(k))
+    runs.append(speculative.run_tasks(eng, list(speculative.TASKS), requests, max_tokens, k=k))
+    if k == batch_k:
+        batches.append(speculative.batch_run(eng, edit_prompts, batch_sizes, 64, k=k))
+    kvlab.close_engine(eng)
+runs = pd.concat(runs, ignore_index=True)
+table = speculative.speedups(runs)
+table.round(3)
+
+# %% tags=["key-figure"]
+import plotly.express as px
+
+spec = table[table.k > 0]
+fig = px.scatter(spec, x="acceptance_rate", y="speedup", color="task", symbol=spec.k.astype(str), size_max=12,
+                 labels={"acceptance_rate": "acceptance rate (accepted ÷ proposed tokens)", "speedup": "TPOT speed-up (off ÷ on)",
+                         "symbol": "k"},
+                 title="Speculation pays where the answer copies the input: speed-up follows acceptance")
+fig.update_traces(marker_size=12)
+fig.add_hline(y=1, line_dash="dot", annotation_text="no gain")
+fig.show()
+
+# %%
+acc = spec.pivot_table(index="k", columns="task", values="acceptance_rate")
+print("acceptance rate by task and k:\n" + acc.round(2).to_string())
+assert (acc["edit"] > acc["chat"]).all() and (acc["code"] > acc["chat"]).all()
+best = spec.loc[spec.speedup.idxmax()]
+chat = spec[spec.task == "chat"]
+print(f"best: {best.task} at k = {best.k}: acceptance {best.acceptance_rate:.0%}, TPOT {best.tpot_p50_ms:.1f} ms "
+      f"({best.speedup:.2f}×); chat: acceptance {chat.acceptance_rate.min():.0%}–{chat.acceptance_rate.max():.0%}, "
+      f"speed-up {chat.speedup.min():.2f}–{chat.speedup.max():.2f}×")
+
+# %% [markdown]
+# ## 4. Same answers?
+#
+# Greedy speculation keeps only what the model itself would have produced, so the answers should be identical token
+# for token. They can still differ: the verifying pass computes several positions at once, which sums floating-point
+# numbers in another order than one-at-a-time decoding, and when two candidate tokens are nearly tied, the other
+# one can win. Where an answer differs, the first differing position is shown.
+
+# %%
+same = pd.concat([speculative.same_outputs(runs[runs.k == 0], runs[runs.k == k]).assign(k=k) for k in ks], ignore_index=True)
+share = same.identical.mean()
+print(f"{same.identical.sum()} of {len(same)} answers identical token for token ({share:.0%})")
+differ = same[~same.identical]
+differ if len(differ) else print("no answer differs: nothing to show")
+
+# %%
+assert share >= 0.9
+
+# %% [markdown]
+# ## 5. What it does to the metrics: ITL is no longer TPOT
+#
+# With speculation a chunk of the stream carries every token accepted in one step. The gap between chunks (ITL, as
+# vLLM's `bench serve` records it: one gap per chunk) then covers several tokens, while TPOT still divides the decode
+# time by the tokens. A tool that reports per-chunk gaps as "inter-token latency" now overstates the time per token —
+# lesson 02's table of names (AIPerf's `inter_chunk_latency` is the gap; its `inter_token_latency` is TPOT).
+
+# %%
+edit_k = max(ks)
+streams = runs[(runs.task == "edit") & runs.k.isin([0, edit_k])]
+gaps = streams[["k", "itl_s"]].explode("itl_s").astype({"itl_s": float})
+chunks = streams[["k", "chunk_tokens"]].explode("chunk_tokens").astype({"chunk_tokens": int})
+per_k = pd.DataFrame({"TPOT p50 (ms)": streams.groupby("k").client_tpot_s.median() * 1e3,
+                      "mean ITL (ms, pooled like vLLM bench)": gaps.groupby("k").itl_s.mean() * 1e3,
+                      "ITL p95 (ms)": gaps.groupby("k").itl_s.quantile(0.95) * 1e3,
+                      "tokens per chunk (mean)": chunks.groupby("k").chunk_tokens.mean()})
+per_k.round(2)
+
+# %%
+fig = px.histogram(gaps.assign(itl_ms=gaps.itl_s * 1e3, k=gaps.k.astype(str)), x="itl_ms", color="k", barmode="overlay",
+                   nbins=60, labels={"itl_ms": "gap between stream chunks (ms)", "k": "k"},
+                   title=f"edit task: with k = {edit_k} the stream comes in bursts — fewer, larger chunks, longer gaps")
+fig.show()
+
+# %%
+on = per_k.loc[edit_k]
+print(f"k = {edit_k}: {on['tokens per chunk (mean)']:.2f} tokens per chunk; mean ITL {on['mean ITL (ms, pooled like vLLM bench)']:.1f} ms "
+      f"vs TPOT {on['TPOT p50 (ms)']:.1f} ms; without speculation: {per_k.loc[0, 'mean ITL (ms, pooled like vLLM bench)']:.1f} "
+      f"vs {per_k.loc[0, 'TPOT p50 (ms)']:.1f} ms")
+assert on["tokens per chunk (mean)"] > 1.2 and on["mean ITL (ms, pooled like vLLM bench)"] > on["TPOT p50 (ms)"]
+
+# %% [markdown]
+# ## 6. When it hurts: bigger batches and low acceptance
+#
+# Speculation spends idle compute. A batch spends it too: with B sequences, a step already does B tokens of work per
+# weight read, and verifying k + 1 tokens for each multiplies that by k + 1 — past the ridge point the pass becomes
+# compute-bound and stops being free. The edit prompts, submitted together in batches of several sizes, speculation off
+# and on (64 output tokens each):
+
+# %%
+batch_runs = pd.concat(batches, ignore_index=True)
+by_batch = speculative.speedups(batch_runs, by=("batch_size",))
+fig = px.line(by_batch[by_batch.k > 0], x="batch_size", y="speedup", markers=True, log_x=True,
+              labels={"batch_size": "sequences in the batch", "speedup": "TPOT speed-up (off ÷ on)"},
+              title=f"The gain of speculation (k = {batch_k}) as the batch grows (edit task)")
+fig.add_hline(y=1, line_dash="dot", annotation_text="no gain")
+fig.show()
+by_batch.round(3)
+
+# %%
+gains = by_batch[by_batch.k > 0].set_index("batch_size").speedup
+print(f"speed-up at batch {gains.index[0]}: {gains.iloc[0]:.2f}×; at batch {gains.index[-1]}: {gains.iloc[-1]:.2f}× "
+      f"({'smaller' if gains.iloc[-1] < gains.iloc[0] else 'not smaller'} as measured); chat (low acceptance) at batch 1: "
+      f"{chat.speedup.min():.2f}–{chat.speedup.max():.2f}×")
+
+# %% [markdown]
+# ## Summary
+#
+# Written from this run's numbers:
+
+# %%
+from IPython.display import Markdown
+
+Markdown(f"""
+- One forward pass over {passes.index[-1]} new tokens took **{most:.1f} ms** against {one:.1f} ms for one
+  ({most / one:.2f}×): verifying proposals is nearly free while decode is bound by reading the weights.
+- Acceptance rate (engine counters) at k = {edit_k}: edit {acc.loc[edit_k, 'edit']:.0%}, code {acc.loc[edit_k, 'code']:.0%},
+  chat {acc.loc[edit_k, 'chat']:.0%}. The best speed-up was **{best.speedup:.2f}×** ({best.task}, k = {best.k}); chat
+  got {chat.speedup.min():.2f}–{chat.speedup.max():.2f}×.
+- {same.identical.sum()} of {len(same)} greedy answers were identical token for token with and without speculation.
+- With speculation the edit task's stream carried {on['tokens per chunk (mean)']:.2f} tokens per chunk: mean ITL
+  {on['mean ITL (ms, pooled like vLLM bench)']:.1f} ms against TPOT {on['TPOT p50 (ms)']:.1f} ms — per-chunk and
+  per-token metrics part ways.
+- In batches the gain went {gains.iloc[0]:.2f}× (batch {gains.index[0]}) → {gains.iloc[-1]:.2f}× (batch {gains.index[-1]}).
+""")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Section 3: which k gave the best speed-up on the code task, and why does a larger k not always help (look at the
+#    per-position acceptance: `speculative.counters(engine)["accepted_per_position"]`)?
+# 2. Add a task of your own to `speculative.task_messages` — say, "extract every sentence that mentions a list" —
+#    and predict its acceptance before you run it.
+# 3. Section 6: at what batch size would you turn speculation off on this machine? Work out from section 1's
+#    roofline at which batch × (k + 1) the verifying pass becomes compute-bound (`roofline.ridge_point(limits)`).

@@ -1,0 +1,97 @@
+"""Speculative decoding helpers (pure logic): the engine argument, acceptance from counters, tasks, output comparison
+and speed-ups. The engine itself runs in lesson 09 and lab L09."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvlab import speculative
+from kvlab.errors import KVLabError
+
+
+def test_ngram_config_is_vllms_speculative_config_and_k0_is_off():
+    assert speculative.ngram_config(0) == {}
+    cfg = speculative.ngram_config(4, 2, 4)["speculative_config"]
+    assert cfg == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    with pytest.raises(KVLabError, match="prompt_lookup_min ≤ prompt_lookup_max"):
+        speculative.ngram_config(4, 5, 2)
+
+
+def test_acceptance_rate_and_mean_length_follow_vllms_definitions():
+    before = {"drafts": 10, "draft_tokens": 40, "accepted_tokens": 20, "accepted_per_position": [8, 6, 4, 2]}
+    after = {"drafts": 30, "draft_tokens": 120, "accepted_tokens": 80, "accepted_per_position": [28, 22, 18, 12]}
+    acc = speculative.acceptance(before, after)
+    assert acc["acceptance_rate"] == 60 / 80 and acc["mean_acceptance_length"] == 1 + 60 / 20
+    assert acc["acceptance_by_position"] == [1.0, 0.8, 0.7, 0.5]
+    off = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_position": []}
+    assert pd.isna(speculative.acceptance(off, off)["acceptance_rate"])
+
+
+def test_tasks_copy_real_text_or_ask_open_questions():
+    edit = speculative.task_messages("edit", 3, seed=1)
+    code = speculative.task_messages("code", 2, seed=1)
+    chat = speculative.task_messages("chat", 4)
+    assert len(edit) == 3 and len({m[0]["content"] for m in edit}) == 3 and all("paragraph" in m[0]["content"] for m in edit)
+    assert all("def " in m[0]["content"] and "```python" in m[0]["content"] for m in code)
+    assert len(chat) == 4
+    with pytest.raises(KVLabError, match="Unknown task 'poem'"):
+        speculative.task_messages("poem", 1)
+    with pytest.raises(KVLabError, match="has 8 distinct requests"):
+        speculative.task_messages("chat", 9)
+
+
+def test_same_outputs_finds_the_first_difference():
+    base = pd.DataFrame({"task": ["edit", "edit"], "request": [0, 1], "repeat": [0, 0], "token_ids": [[1, 2, 3], [4, 5, 6]]})
+    other = pd.DataFrame({"task": ["edit", "edit"], "request": [0, 1], "repeat": [0, 0], "token_ids": [[1, 2, 3], [4, 9, 6]]})
+    same = speculative.same_outputs(base, other)
+    assert same.identical.tolist() == [True, False]
+    assert same.first_difference.iloc[1] == 1 and same.base_token.iloc[1] == 5 and same.other_token.iloc[1] == 9
+
+
+def test_speedups_divide_tpot_without_by_tpot_with_speculation():
+    runs = pd.DataFrame({"task": ["edit"] * 4 + ["chat"] * 4, "k": [0, 0, 4, 4] * 2,
+                         "client_tpot_s": [0.04, 0.04, 0.01, 0.01, 0.04, 0.04, 0.05, 0.05],
+                         "client_e2e_s": [4.0] * 8, "task_acceptance_rate": [None, None, 0.8, 0.8, None, None, 0.1, 0.1]})
+    t = speculative.speedups(runs).set_index(["task", "k"])
+    assert t.loc[("edit", 4), "speedup"] == pytest.approx(4.0) and t.loc[("chat", 4), "speedup"] == pytest.approx(0.8)
+    assert t.loc[("edit", 0), "speedup"] == 1.0 and t.loc[("edit", 4), "acceptance_rate"] == 0.8
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"tasks": ["edit", "poem"]}, "parameter tasks must be one of 'edit', 'code', 'chat', got 'poem'"),
+    ({"tasks": []}, r"parameter tasks=\[\] should be a non-empty list"),
+    ({"ks": [2, 2]}, "parameter ks lists a value twice"),
+    ({"prompt_lookup_min": 5, "prompt_lookup_max": 2}, r"prompt_lookup_min \(5\) must not exceed prompt_lookup_max \(2\)"),
+    ({"ks": [0, 2]}, "parameter ks must be positive, got 0"),
+])
+def test_lab_l09_bad_input_is_one_sentence_naming_the_parameter(given, message):
+    from kvlab import labs
+
+    with pytest.raises(KVLabError, match="Lab L09_speculative: .*" + message):
+        labs.validate("L09_speculative", given)
+
+
+@pytest.mark.notebook
+def test_lab_l09_measures_acceptance_speedup_and_identical_answers(tmp_path):
+    """Lab L09 headless on the real engine: copy-heavy work is accepted more often than open chat, the answers stay
+    identical, and every table the exercises read is written."""
+    import json
+
+    import papermill as pm
+
+    from kvlab import exercises, labs
+
+    out = tmp_path / "out"
+    params = {"tasks": ["edit", "chat"], "ks": [4], "requests": 2, "output_tokens": 48, "batch_sizes": [1, 8],
+              "batch_output_tokens": 32, "output_dir": str(out)}
+    pm.execute_notebook(str(labs.lab_path("L09_speculative")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters=params, progress_bar=False, kernel_name="python3")
+    summary = pd.read_csv(out / "summary.csv").set_index(["task", "k"])
+    results = pd.read_parquet(out / "results.parquet")
+    assert summary.loc[("edit", 4), "acceptance_rate"] > summary.loc[("chat", 4), "acceptance_rate"]
+    assert results[results.k == 4].identical.mean() >= 0.9
+    assert (results[results.k == 0].tokens_per_chunk == 1).all()  # without speculation: one token per chunk
+    assert set(pd.read_csv(out / "batch_summary.csv").batch_size) == {1, 8}
+    assert json.loads((out / "metadata.json").read_text())["parameters"]["ks"] == [4]
+    assert len(exercises.solve("L09", out)) == 4
