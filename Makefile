@@ -8,16 +8,16 @@ BIN := $(VENV)/bin
 export KVLAB_BUILD_DIR ?= $(CURDIR)/build
 NOTEBOOKS := notebooks/*.ipynb labs/*.ipynb instructors/*.ipynb
 
-.PHONY: course preview test setup browser lab sync lint lock compare-vllm clean
+.PHONY: course preview test setup browser redis lab sync lint lock compare-vllm clean
 
-course: setup
+course: setup redis
 	$(BIN)/kvlab build
 
 preview: setup  ## the course's pages from the notebooks as written, no execution: prose and links in seconds
 	$(BIN)/kvlab build --no-run --out $(KVLAB_BUILD_DIR)/preview
 
 test: export KVLAB_EXTRAS = dev,ray
-test: setup browser
+test: setup browser redis
 	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax
 
 setup:
@@ -26,7 +26,10 @@ setup:
 browser:
 	@bash scripts/setup-browser.sh
 
-lab: setup
+redis:  ## Debian's redis-server for the gateway's response cache (lessons 03 and 06), when missing
+	@bash scripts/setup-redis.sh
+
+lab: setup redis
 	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser --notebook-dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 sync: setup  ## after editing a notebook or its .py outside JupyterLab: bring each pair in step (the newer side wins)

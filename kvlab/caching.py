@@ -9,7 +9,6 @@ is a different key; so is the same text after a one-character change earlier in 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pandas as pd
@@ -62,6 +61,21 @@ def variants(system: str) -> dict[str, str]:
     }
 
 
+def edited_prompts(system: str, kind: str, count: int) -> list[str]:
+    """``count`` different edits of one kind, each new to the cache: the first sentence paraphrased another way
+    (``"paraphrase"``), or a new version string at the top (``"version bump"``)."""
+    first, rest = system.split(". ", 1)
+    if kind == "paraphrase":
+        openers = ["Aria is the support assistant for Northwind Rail, a regional railway company",
+                   "Northwind Rail's passengers are helped by Aria, its support assistant",
+                   "As Northwind Rail's support assistant, you are called Aria",
+                   "Aria answers the questions of Northwind Rail's customers"]
+        return [f"{openers[i % len(openers)]}{'.' * (1 + i // len(openers))} {rest}" for i in range(count)]
+    if kind == "version bump":
+        return [VERSION_TAG.replace("11-01", f"12-{i + 1:02d}") + "\n" + system for i in range(count)]
+    raise ValueError(f"Unknown edit {kind!r}; use 'paraphrase' or 'version bump'.")
+
+
 def prefix_counters(llm: Any) -> dict[str, int]:
     """The engine's own prefix-cache counters so far: tokens queried and tokens hit (for deltas)."""
     values = {"queries": 0, "hits": 0}
@@ -86,37 +100,6 @@ def timed_requests(llm: Any, prompts: list[list[int]], labels: list[str] | None 
         row = request_timing(generate_timed(llm, ids, max_tokens))
         rows.append(row | {"label": labels[i] if labels else str(i), "cold": cold})
     return pd.DataFrame(rows)
-
-
-class ResponseCache:
-    """An application-level exact-match cache in front of the engine: a hit skips the model entirely.
-
-    Keyed by the full prompt token ids and the output length; contrast with the prefix cache, which still
-    runs the model but skips prefilling the tokens it already holds.
-    """
-
-    def __init__(self, llm: Any) -> None:
-        self.llm = llm
-        self.store: dict[tuple[tuple[int, ...], int], str] = {}
-        self.hits = 0
-        self.misses = 0
-
-    def ask(self, prompt_ids: list[int], max_tokens: int = 4) -> dict[str, Any]:
-        """Answer from the dictionary if this exact prompt was seen, else from the engine; time to the answer."""
-        from kvlab.experiments import generate_timed
-
-        key = (tuple(prompt_ids), max_tokens)
-        start = time.perf_counter()
-        if key in self.store:
-            self.hits += 1
-            text, cached, source = self.store[key], len(prompt_ids), "response cache"
-        else:
-            self.misses += 1
-            out = generate_timed(self.llm, prompt_ids, max_tokens)
-            text, cached, source = out.outputs[0].text, int(out.num_cached_tokens or 0), "engine"
-            self.store[key] = text
-        return {"source": source, "time_to_answer_s": time.perf_counter() - start, "engine_cached_tokens": cached if source == "engine" else None,
-                "prompt_tokens": len(prompt_ids)}
 
 
 # ---- experiments (used by lesson 03 and lab L03) ---------------------------------------------------------

@@ -54,6 +54,25 @@ def engine_values(llm: Any) -> dict[str, float]:
     return values
 
 
+def scrape_prefix(url: str, prefix: str) -> dict[str, float]:
+    """Every sample at ``url/metrics`` whose name starts with ``prefix`` (e.g. the gateway's ``kvlab_gateway_``), keyed
+    by name and labels as Prometheus writes them: ``name{label="value"}``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url.rstrip("/") + "/metrics", timeout=10.0).text
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith(prefix) and not s.name.endswith("_created"):
+                if set(s.labels) == {"le"}:  # histogram buckets keyed as ``scrape`` keys them: quantile() reads both
+                    values[f"{s.name}{{le={s.labels['le']}}}"] = float(s.value)
+                    continue
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                values[s.name + (f"{{{labels}}}" if labels else "")] = float(s.value)
+    return values
+
+
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What changed between two scrapes (gauges keep their ``after`` value)."""
     return {k: v - before.get(k, 0.0) if not _is_gauge(k) else v for k, v in after.items()}

@@ -104,20 +104,21 @@ def start_times(sessions: list[Session], rate_per_s: float) -> list[float]:
 
 
 def run_traffic(server: Server, sessions: list[Session], max_tokens: int, rate_per_s: float, concurrency: int = 64,
-                progress: bool = True, poll_s: float = 0.5) -> tuple[pd.DataFrame, dict[str, float], pd.DataFrame]:
+                progress: bool = True, poll_s: float = 0.5, client: Any = None) -> tuple[pd.DataFrame, dict[str, float], pd.DataFrame]:
     """Send ``sessions`` as open-loop traffic: requests go out at ``rate_per_s`` whether or not earlier ones are done
     (as users do), with at most ``concurrency`` clients in flight. Returns one row per request (client-side timing,
     prompt and output tokens apart), the dashboard numbers read from ``/metrics`` before and after, and the server's
     gauges (KV cache usage, requests running and waiting) sampled every ``poll_s`` seconds meanwhile.
 
     Below saturation, output tokens/sec is set by the demand (rate × tokens per request), not by how fast each
-    request was served — which is why a tokens/sec panel can look flat while TTFT explodes.
+    request was served — which is why a tokens/sec panel can look flat while TTFT explodes. ``client``: send through
+    another front (a ``kvlab.gateway.Gateway``'s client) instead of straight to the server.
     """
     from tqdm.auto import tqdm
 
     if rate_per_s <= 0 or concurrency < 1:
         raise KVLabError(f"rate_per_s ({rate_per_s}) and concurrency ({concurrency}) must be positive.")
-    client = server.client()
+    client = client or server.client()
     starts = start_times(sessions, rate_per_s)
     before = metrics.scrape(server.url)
     t0 = time.perf_counter()

@@ -29,6 +29,9 @@ rate_per_s = 1.0  # arrival rate, requests per second (open loop)
 concurrency = 32  # most clients in flight at once
 output_tokens = 24  # output tokens per request (exact)
 prefix_caching = True  # vLLM automatic prefix caching on the server
+response_cache = False  # put the gateway with a Redis response cache in front (exact repeats of greedy requests)
+cache_ttl_s = 600.0  # response-cache entry lifetime, seconds
+input_cap = 0  # interactive input cap in prompt tokens, enforced by the gateway (0: none); over-cap requests go to its batch lane
 kv_cache_gib = 1.0  # KV cache budget, GiB
 enforce_eager = True  # True: no torch.compile; False: compiled (slow first start)
 output_dir = ""  # where results go; empty: build/labs/L06_traffic_mix
@@ -44,21 +47,36 @@ p = kvlab.labs.validate_namespace("L06_traffic_mix", globals())  # checks every 
 # ## Run
 
 # %%
+import contextlib
+
 import pandas as pd
 from transformers import AutoTokenizer
 
-from kvlab import serving, traffic
+from kvlab import gateway, metrics, serving, traffic
+from kvlab.redis_server import RedisServer
 
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model(p.model or None))
 mixes = {"chat only": traffic.traffic_mix(tok, p.requests, 0.0, p.agent_turns, p.growth_tokens, p.agent_tools),
          "chat + agents": traffic.traffic_mix(tok, p.requests, p.agent_share, p.agent_turns, p.growth_tokens, p.agent_tools, seed=1)}
 runs, boards, gauges = {}, {}, {}
-with serving.start_server(p.model or None, enforce_eager=p.enforce_eager, kv_cache_gib=p.kv_cache_gib,
-                          enable_prefix_caching=p.prefix_caching) as server:
+with contextlib.ExitStack() as stack:  # everything started here is stopped at the end of the block, whatever happens
+    server = stack.enter_context(serving.start_server(p.model or None, enforce_eager=p.enforce_eager, kv_cache_gib=p.kv_cache_gib,
+                                                      enable_prefix_caching=p.prefix_caching))
+    front = cache = None
+    if p.response_cache or p.input_cap:
+        cache = stack.enter_context(RedisServer()) if p.response_cache else None
+        front = stack.enter_context(gateway.Gateway(server.url, server.model, cache and cache.redis_url, p.input_cap,
+                                                    p.cache_ttl_s, "batch"))
     traffic.client_vs_engine(server, traffic.chat_sessions(2, offset=10), max_tokens=8)  # warm-up, not recorded
     for name, sessions in mixes.items():
-        runs[name], boards[name], gauges[name] = traffic.run_traffic(server, sessions, p.output_tokens, p.rate_per_s, p.concurrency)
-    settings = server.settings
+        if cache:  # each mix starts with an empty response cache: the mixes ask the same chats
+            cache.client().flushdb()
+        g0 = metrics.scrape_prefix(front.url, "kvlab_gateway_") if front else {}
+        runs[name], boards[name], gauges[name] = traffic.run_traffic(server, sessions, p.output_tokens, p.rate_per_s, p.concurrency,
+                                                                     client=front.client() if front else None)
+        if front:
+            boards[name] |= gateway.board(g0, metrics.scrape_prefix(front.url, "kvlab_gateway_"))
+    settings = server.settings | (front.settings if front else {})
 summary = pd.DataFrame([{"mix": n} | traffic.summary(df, boards[n]["wall_s"]) for n, df in runs.items()])
 summary.round(1)
 

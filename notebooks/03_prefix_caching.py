@@ -152,28 +152,53 @@ px.box(mixed, x="caching", y=mixed.ttft_s * 1e3, color="label", points="all",
        title="Mixed traffic (80 % shared prefix): TTFT with and without prefix caching", labels={"y": "TTFT (ms)", "label": "request"}).show()
 
 # %% [markdown]
-# ## 7. A response cache is a different thing
+# ## 7. A response cache is a different thing: Redis behind a gateway
 #
-# An application can also keep a dictionary of *answers* keyed by the exact prompt: a hit there skips the model entirely.
-# A prefix-cache hit still runs the model — it only skips prefilling the shared part. Different caches, different metrics:
+# A deployed stack puts a **gateway** between the client and the engine (`kvlab/gateway.py`: the same OpenAI chat API,
+# forwarding to lesson 06's vLLM server). It answers an *exact repeat* of a deterministic request (temperature 0) from
+# **Redis** — a real `redis-server` on 127.0.0.1, no persistence — and that hit skips the model entirely. Everything
+# else goes to the engine, whose prefix cache may still skip part of prefill. Two caches, two hit rates, two metrics.
+#
+# The same questions down each path: a **cold prefill** (a system prompt no request had before), a **warm prefix**
+# (the shared system prompt already cached), a **response-cache hit** (the same request again), and two edits that
+# miss both caches: the first sentence **paraphrased** (new tokens from the start: no prefix hit; a new key: no Redis
+# hit) and a **version string bumped** at the top. The in-process engine goes first: the server takes its place.
 
 # %%
-import random
+from kvlab import gateway, serving
+from kvlab.redis_server import RedisServer
 
-faq = [turns[i] for i in random.Random(3).choices(range(4), k=kvlab.pick(12, 8))]
-llm.reset_prefix_cache()
-rc = caching.ResponseCache(llm)
-answers = pd.DataFrame([rc.ask(caching.chat_ids(tok, system, q)) | {"question": q[:40]} for q in faq])
-answers["time_to_answer_ms"] = answers.time_to_answer_s * 1e3
-answers[["question", "source", "engine_cached_tokens", "time_to_answer_ms"]].round(2)
+kvlab.close_engine(llm)
+server = serving.start_server(enable_prefix_caching=True, enable_prompt_tokens_details=True, enforce_eager=True,
+                              max_model_len=4096)
+cache_server = RedisServer().start()
+gw = gateway.Gateway(server.url, server.model, cache_server.redis_url, ttl_s=600).start()
+asked, short_system = turns[: kvlab.pick(3, 2)], caching.static_prefix(n_tools=5)  # 5 tool schemas: a quicker cold prefill
+edits = {"paraphrased": caching.edited_prompts(short_system, "paraphrase", len(asked)),
+         "version bumped": caching.edited_prompts(short_system, "version bump", len(asked))}
+paths = gateway.three_paths(gw.client(), short_system, asked, max_tokens=8, variants=edits)
+paths["ttft_ms"] = paths.ttft_s * 1e3
+by_path = paths.groupby("label", sort=False).agg(requests=("ttft_ms", "size"), answered_by=("answered_by", "first"),
+                                                 engine_cached_tokens=("cached_tokens", "median"),
+                                                 ttft_p50_ms=("ttft_ms", "median"), ttft_p95_ms=("ttft_ms", lambda s: s.quantile(0.95)))
+by_path.round(1)
 
 # %%
-engine_rows = answers[answers.source == "engine"]
-prefix_hits = (engine_rows.engine_cached_tokens > 0).sum()
-print(f"response cache: {rc.hits} of {len(answers)} requests answered without the model "
-      f"(median {answers[answers.source == 'response cache'].time_to_answer_ms.median():.3f} ms)")
-print(f"prefix cache: {prefix_hits} of the {len(engine_rows)} requests that reached the engine reused the prefix "
-      f"(median {engine_rows.time_to_answer_ms.median():.0f} ms, model still ran)")
+px.bar(by_path.reset_index(), x="label", y="ttft_p50_ms", color="answered_by", log_y=True, error_y=by_path.ttft_p95_ms.values - by_path.ttft_p50_ms.values,
+       labels={"label": "path", "ttft_p50_ms": "client TTFT p50 (ms, log; bar to p95)", "answered_by": "answered by"},
+       title="Through the gateway: Redis skips the model, a prefix hit skips part of prefill, an edit misses both").show()
+
+# %%
+hit_ms = paths[paths.answered_by == "response cache"].gateway_ms.median()  # the gateway's own time, from its header
+cold_p50, warm_p50, redis_p50 = (by_path.ttft_p50_ms[k] for k in ("cold prefill", "warm prefix", "response cache"))
+print(f"client TTFT p50: cold {cold_p50:.0f} ms → warm prefix {warm_p50:.0f} ms → Redis {redis_p50:.1f} ms; inside the gateway a "
+      f"Redis hit took {hit_ms:.2f} ms (median), the rest is HTTP and the client")
+assert redis_p50 < warm_p50 < cold_p50
+assert (paths[paths.label.isin(edits)].answered_by == "engine").all()  # a new key: Redis misses
+assert (paths[paths.label.isin(edits)].cached_tokens <= block).all()  # new tokens from (nearly) the start: the prefix misses
+gw.stop()
+cache_server.stop()
+server.stop()
 
 # %% [markdown]
 # ## Summary
@@ -197,8 +222,9 @@ Markdown(f"""
 - Mixed traffic (80 % shared): token hit rate **{counters_on['token_hit_rate']:.0%}**, TTFT p50 {on.ttft_s_p50 * 1e3:.0f} ms /
   p95 {on.ttft_s_p95 * 1e3:.0f} ms with caching vs p50 {off.ttft_s_p50 * 1e3:.0f} ms / p95 {off.ttft_s_p95 * 1e3:.0f} ms without.
   {p95_sentence}
-- The response cache answered {rc.hits} of {len(answers)} repeated questions without running the model; the prefix cache sped
-  up {prefix_hits} of the {len(engine_rows)} that did run it.
+- Through the gateway, client TTFT p50 was {cold_p50:.0f} ms for a cold prefill, {warm_p50:.0f} ms with the prefix
+  cached and **{redis_p50:.1f} ms** for a Redis hit ({hit_ms:.2f} ms of it inside the gateway); a paraphrase and a
+  version bump missed both caches.
 """)
 
 # %% [markdown]
@@ -209,6 +235,6 @@ Markdown(f"""
 # 2. Where in a RAG prompt should the retrieved documents go — before or after the fixed instructions — to keep hits high?
 # 3. Re-run section 6 with `shared_fraction` 0.5 and 0.95. How do p50 and p95 move? Why does p95 lag?
 # 4. The warm TTFT is not zero. What is still being prefilled, and what else is in TTFT?
+# 5. Start the gateway with `ttl_s=2` and send one question twice, three seconds apart. Which path answers the
+#    second — and what does a TTL trade (stale answers against hit rate)?
 
-# %%
-kvlab.close_engine(llm)

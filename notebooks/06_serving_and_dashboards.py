@@ -118,7 +118,57 @@ print(f"TTFT p50: histogram estimate {board['TTFT p50 (ms)']:.0f} ms (only as sh
       f"prefix cache hit rate {board['prefix cache hit rate']:.0%} (the same prompts, sent a second time)")
 
 # %% [markdown]
-# ## 5. The bad dashboard
+# ## 5. A gateway in front: two hit rates, and the gateway's share of TTFT
+#
+# Production traffic rarely reaches the engine directly: a **gateway** sits in front (`kvlab/gateway.py`, the same
+# OpenAI API). Ours answers exact repeats of deterministic requests from **Redis** (a real `redis-server` on 127.0.0.1)
+# and forwards the rest. Its own `/metrics` sit next to the engine's, and the dashboard needs both: a **response-cache
+# hit** skips the model, a **prefix-cache hit** skips part of prefill — confusing the two is a classic misreading. The
+# traffic: FAQ-style chats, each question asked several times in random order. They share only a short system prompt:
+# where that is less than one KV block, the prefix cache has nothing to reuse while the response cache answers every
+# repeat — the two rates move independently. (No input cap here: the gateway does not need to tokenize.)
+
+# %%
+from kvlab import gateway
+from kvlab.redis_server import RedisServer
+
+cache_server = RedisServer().start()
+gw = gateway.Gateway(server.url, server.model, cache_server.redis_url, ttl_s=600).start()
+engine_before = metrics.scrape(server.url)
+faq = gateway.faq_traffic(gw.client(), traffic.chat_sessions(kvlab.pick(6, 4), offset=20), repeats=kvlab.pick(4, 3))
+rates = gateway.hit_rates(engine_before, metrics.scrape(server.url), metrics.scrape_prefix(gw.url, "kvlab_gateway_"))
+faq["gateway share of TTFT"] = faq.gateway_ms / (faq.ttft_s * 1e3)
+panel = faq.groupby("answered_by").agg(requests=("ttft_s", "size"), ttft_p50_ms=("ttft_s", lambda s: s.median() * 1e3),
+                                       ttft_p95_ms=("ttft_s", lambda s: s.quantile(0.95) * 1e3),
+                                       gateway_p50_ms=("gateway_ms", "median"), gateway_p95_ms=("gateway_ms", lambda s: s.quantile(0.95)),
+                                       gateway_share_p50=("gateway share of TTFT", "median"))
+pd.Series(rates).round(3).to_frame("this run")
+
+# %%
+from plotly.subplots import make_subplots
+
+fig = make_subplots(rows=1, cols=2, subplot_titles=("Two caches, two hit rates", "Client TTFT by who answered"))
+fig.add_bar(x=list(rates), y=list(rates.values()), showlegend=False, row=1, col=1)
+fig.add_bar(x=panel.index, y=panel.ttft_p50_ms, name="client TTFT p50", row=1, col=2)
+fig.add_bar(x=panel.index, y=panel.gateway_p50_ms, name="gateway's own time p50", row=1, col=2)
+fig.update_yaxes(title_text="hit rate (0-1)", row=1, col=1)
+fig.update_yaxes(title_text="ms (log)", type="log", row=1, col=2)
+fig.update_layout(title="The gateway's panel, next to the engine's", barmode="group")
+fig.show()
+panel.round(3)
+
+# %%
+engine_side = panel.loc["engine"]
+print(f"response cache: {rates['response-cache hit rate (requests, gateway)']:.0%} of requests answered from Redis; engine prefix "
+      f"cache: {rates['prefix-cache hit rate (tokens, engine)']:.0%} of prompt tokens; the gateway added {engine_side.gateway_p50_ms:.2f} ms "
+      f"(p95 {engine_side.gateway_p95_ms:.2f} ms) before asking the engine: {engine_side.gateway_share_p50:.1%} of client TTFT")
+assert panel.loc["response cache", "ttft_p50_ms"] < engine_side.ttft_p50_ms
+assert rates["response-cache hit rate (requests, gateway)"] > 0
+gw.stop()
+cache_server.stop()
+
+# %% [markdown]
+# ## 6. The bad dashboard
 #
 # Two traffic mixes, the same number of requests arriving at the same steady rate, the same output tokens per request:
 #
@@ -176,7 +226,7 @@ runs["chat + agents"].groupby("kind").agg(requests=("ttft_s", "size"), prompt_to
     ttft_max_ms=("ttft_s", lambda s: s.max() * 1e3), tpot_p50_ms=("tpot_s", lambda s: s.median() * 1e3)).round(1)
 
 # %% [markdown]
-# ## 6. The agent's prefill storm
+# ## 7. The agent's prefill storm
 #
 # One agent loop alone: each turn's prompt is everything so far. With **prefix caching** the engine reuses the KV of
 # the conversation up to the last full block and prefills only what is new; without it, every turn prefills the whole
@@ -203,14 +253,15 @@ print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft
       f"{on.ttft_s.iloc[-1] * 1e3:.0f} ms with ({on.cached_tokens.iloc[-1]:,.0f} tokens reused)")
 
 # %% [markdown]
-# ## 7. Failure modes, and where this course measured each
+# ## 8. Failure modes, and where this course measured each
 #
 # | Failure mode | Measured in |
 # |---|---|
-# | A tokens/sec-only dashboard hides TTFT regressions from long agent prompts | [06 · 5. The bad dashboard](#5.-The-bad-dashboard) |
-# | Looking only at mean latency: blind to p95 prefill storms | [06 · 6. The agent's prefill storm](#6.-The-agent's-prefill-storm), [02 · 6. The client's view](02_prefill_vs_decode.ipynb#6.-The-client's-view:-a-token-by-token-stream), [07 · 4. The rate sweep](07_capacity_under_slos.ipynb#4.-Open-loop:-a-rate-sweep,-and-the-knee) |
-# | Prompt and output tokens not logged apart: a TTFT spike blamed on "the GPU got slower" | [06 · 5. (per request kind)](#5.-The-bad-dashboard), [02 · 5. Where the time goes](02_prefill_vs_decode.ipynb#5.-Where-the-time-goes:-short-vs-long-prompts-×-output-lengths) |
+# | A tokens/sec-only dashboard hides TTFT regressions from long agent prompts | [06 · 6. The bad dashboard](#6.-The-bad-dashboard) |
+# | Looking only at mean latency: blind to p95 prefill storms | [06 · 7. The agent's prefill storm](#7.-The-agent's-prefill-storm), [02 · 6. The client's view](02_prefill_vs_decode.ipynb#6.-The-client's-view:-a-token-by-token-stream), [07 · 4. The rate sweep](07_capacity_under_slos.ipynb#4.-Open-loop:-a-rate-sweep,-and-the-knee) |
+# | Prompt and output tokens not logged apart: a TTFT spike blamed on "the GPU got slower" | [06 · 6. (per request kind)](#6.-The-bad-dashboard), [02 · 5. Where the time goes](02_prefill_vs_decode.ipynb#5.-Where-the-time-goes:-short-vs-long-prompts-×-output-lengths) |
 # | Per-chunk gaps reported as "inter-token latency": with speculative decoding a chunk carries several tokens | [09 · 5. ITL is no longer TPOT](09_speculative_decoding.ipynb#5.-What-it-does-to-the-metrics:-ITL-is-no-longer-TPOT), [02 · 1. What other tools call it](02_prefill_vs_decode.ipynb#1.-What-we-measure,-and-what-other-tools-call-it) |
+# | Confusing Redis cache hits with engine prefix hits: a Redis hit skips the model, a prefix hit skips part of prefill | [06 · 5. A gateway in front](#5.-A-gateway-in-front:-two-hit-rates,-and-the-gateway's-share-of-TTFT), [03 · 7. A response cache is a different thing](03_prefix_caching.ipynb#7.-A-response-cache-is-a-different-thing:-Redis-behind-a-gateway) |
 # | Client TTFT read as engine TTFT (HTTP, template, detokenization are outside the engine) | [06 · 3. Client-side vs engine-side TTFT](#3.-Client-side-vs-engine-side-TTFT) |
 # | KV cache sized by guesswork | [01 · 4. Proving it against the engine](01_kv_cache_by_hand.ipynb#4.-Proving-it-against-the-engine) |
 # | fp8 KV cache assumed free | [01 · 6. KV precision](01_kv_cache_by_hand.ipynb#6.-KV-precision:-fp8-halves-the-cache-—-what-does-it-cost?) |
@@ -226,10 +277,10 @@ print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft
 # | One pool for interactive chat and offline summarization | [07 · 6. Chat next to batch jobs](07_capacity_under_slos.ipynb#6.-Chat-next-to-batch-jobs-on-one-pool), [07 · 7. Four ways to keep chat fast](07_capacity_under_slos.ipynb#7.-Four-ways-to-keep-chat-fast,-measured-on-the-same-traffic) |
 
 # %% [markdown]
-# ## 8. Stop the server
+# ## 9. Stop the server
 #
 # Nothing may keep running after a lesson: stop the server and check that none of the processes of either server
-# (section 6 replaced the first one) is left.
+# (section 7 replaced the first one) is left.
 
 # %%
 pids = first_pids + [p.pid for p in server.processes()]
@@ -257,6 +308,10 @@ Markdown(f"""
   {mixed['output tokens/s (mean)']:.1f} (with agents) — {tps_change:.0%} apart — while TTFT p95 went {chat['TTFT p95 (ms)']:.0f} →
   {mixed['TTFT p95 (ms)']:.0f} ms (**{p95_ratio:.1f}×**) and the mean prompt grew {chat['prompt tokens (mean)']:.0f} →
   {mixed['prompt tokens (mean)']:.0f} tokens.
+- Behind a gateway with Redis, {rates['response-cache hit rate (requests, gateway)']:.0%} of the FAQ requests were answered
+  without the model while the engine's prefix cache hit {rates['prefix-cache hit rate (tokens, engine)']:.0%} of the prompt
+  tokens it saw; the gateway added {engine_side.gateway_p50_ms:.2f} ms at the median ({engine_side.gateway_share_p50:.1%} of
+  client TTFT).
 - An agent's {storm_turns}-turn loop reached {off.prompt_tokens.iloc[-1]:,} prompt tokens: last-turn TTFT
   {off.ttft_s.iloc[-1] * 1e3:.0f} ms without prefix caching, {on.ttft_s.iloc[-1] * 1e3:.0f} ms with it.
 """)
@@ -269,4 +324,4 @@ Markdown(f"""
 # 2. Section 3's gap is a few milliseconds on this machine. Send 8 requests at once instead of one at a time: what
 #    happens to the client-side TTFT, and why can't the per-request engine numbers be read from `/metrics` any more?
 # 3. Write the alert rule you would put on this service: which metric, which percentile, which threshold — and check it
-#    would have fired on section 5's mixed traffic but not on chat only.
+#    would have fired on section 6's mixed traffic but not on chat only.

@@ -35,3 +35,10 @@ def pytest_sessionfinish(session, exitstatus):
     if left:
         print(f"\nvLLM server processes left running after the tests: {left}")
         session.exitstatus = 1
+    import psutil
+
+    ours = ("kvlab.gateway", "kvlab-redis-")  # the gateway's module; the Redis the course starts works in kvlab-redis-*
+    others = [p.pid for p in psutil.process_iter(["cmdline"]) if any(m in " ".join(p.info["cmdline"] or []) for m in ours)]
+    if others:
+        print(f"\ngateway or Redis processes left running after the tests: {others}")
+        session.exitstatus = 1

@@ -38,13 +38,3 @@ def test_token_traffic_hits_only_shared_requests(engine):
     off, counters_off = caching.token_traffic(engine, 256, 16, 4, 0.5, seed=2, caching=False)
     assert (off.cached_tokens == 0).all() and counters_off["hit_tokens"] == 0
 
-
-@pytest.mark.engine
-def test_response_cache_skips_the_engine(engine):
-    from kvlab.prompts import prompt_of_length
-
-    rc = caching.ResponseCache(engine)
-    ids = prompt_of_length(engine.get_tokenizer(), 40, offset=555)
-    first, second = rc.ask(ids), rc.ask(ids)
-    assert first["source"] == "engine" and second["source"] == "response cache"
-    assert second["time_to_answer_s"] < first["time_to_answer_s"] and (rc.hits, rc.misses) == (1, 1)

@@ -8,7 +8,7 @@ import socket
 import pandas as pd
 import pytest
 
-from kvlab import labs, metrics, serving, traffic
+from kvlab import labs, metrics, services, serving, traffic
 from kvlab.errors import KVLabError
 
 
@@ -82,7 +82,7 @@ def test_busy_port_is_refused_in_one_sentence():
         port = s.getsockname()[1]
         with pytest.raises(KVLabError, match=rf"Port {port} on 127.0.0.1 is already in use; pass port=None"):
             serving.Server(port=port).start()
-    assert not serving._LIVE
+    assert not services._LIVE
 
 
 @pytest.mark.notebook
@@ -90,24 +90,27 @@ def test_server_that_exits_at_start_reports_its_log_and_leaves_nothing():
     with pytest.raises(KVLabError, match=r"(?s)exited during start-up.*last log lines.*max_model_len|max model len") as err:
         serving.Server(max_model_len=1_000_000, enforce_eager=True).start()
     assert "Traceback" not in str(err.value).splitlines()[0]
-    assert not serving.running_servers() and not serving._LIVE
+    assert not serving.running_servers() and not services._LIVE
 
 
 @pytest.mark.notebook
 def test_server_not_healthy_in_time_is_stopped():
     with pytest.raises(KVLabError, match=r"not healthy within 3 s, so it was stopped; raise timeout_s="):
         serving.Server(timeout_s=3, enforce_eager=True).start()
-    assert not serving.running_servers() and not serving._LIVE
+    assert not serving.running_servers() and not services._LIVE
 
 
 @pytest.mark.notebook
 def test_lab_l06_traffic_mix(tmp_path):
+    """Through the gateway (Redis response cache, an input cap that sends the agents' later turns down the batch lane);
+    the lab's defaults, without a gateway, run in test_second_model."""
     import papermill as pm
 
     out = tmp_path / "out"
     pm.execute_notebook(str(labs.lab_path("L06_traffic_mix")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
                         parameters={"requests": 12, "agent_share": 0.25, "agent_turns": 3, "growth_tokens": 300,
-                                    "rate_per_s": 1.5, "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
+                                    "rate_per_s": 1.5, "response_cache": True, "input_cap": 1500, "output_dir": str(out)},
+                        progress_bar=False, kernel_name="python3")
     assert not serving.running_servers()
     df = pd.read_parquet(out / "results.parquet")
     assert set(df.mix) == {"chat only", "chat + agents"} and (df.groupby("mix").size() == 12).all()
@@ -120,6 +123,8 @@ def test_lab_l06_traffic_mix(tmp_path):
     assert mixed["prompt tokens (mean)"] > 3 * chat["prompt tokens (mean)"]
     dash = pd.read_csv(out / "dashboard.csv").set_index("mix")
     assert (dash.requests == 12).all() and dash.loc["chat + agents", "prompt tokens"] > dash.loc["chat only", "prompt tokens"]
+    assert {"response-cache hit rate", "prefix cache hit rate"} <= set(dash.columns)  # both hit rates, per mix
+    assert dash.loc["chat only", "sent down the batch lane"] == 0 < dash.loc["chat + agents", "sent down the batch lane"]
 
 
 def test_lab_l06_refuses_bad_parameters():

@@ -53,6 +53,10 @@ LAB = Lab(
         Param("concurrency", 32, "most clients in flight at once", positive=True),
         Param("output_tokens", 24, "output tokens per request (exact)", positive=True),
         Param("prefix_caching", True, "vLLM automatic prefix caching on the server"),
+        Param("response_cache", False, "put the gateway with a Redis response cache in front (exact repeats of greedy requests)"),
+        Param("cache_ttl_s", 600.0, "response-cache entry lifetime, seconds", positive=True),
+        Param("input_cap", 0, "interactive input cap in prompt tokens, enforced by the gateway (0: none); over-cap requests "
+              "go to its batch lane", between=(0, 10_000_000)),
         Param("kv_cache_gib", 1.0, "KV cache budget, GiB", positive=True),
         Param("enforce_eager", True, "True: no torch.compile; False: compiled (slow first start)"),
         output_param(NAME),
