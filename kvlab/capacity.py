@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvlab import caching, prompts, slo, traffic
+from kvlab import caching, gateway, prompts, slo, traffic
 from kvlab.errors import KVLabError
 from kvlab.workload import Arrival, FollowUp, run_workload
 
@@ -234,14 +234,18 @@ def run_setting(llm: Any, arrivals: list[Arrival], **run_args: Any) -> pd.DataFr
     return run_workload(llm, arrivals, **run_args)[1]
 
 
+#: The gateway's batch lane as a workload lane limit: over-cap requests reach the engine one at a time.
+BATCH_LANE = {"batch": gateway.BATCH_CONCURRENCY}
+
+
 def route_by_input_cap(arrivals: list[Arrival], cap_tokens: int) -> list[Arrival]:
-    """What a gateway's interactive input cap does: a request over ``cap_tokens`` prompt tokens is not sent to the
-    interactive path; it goes to the batch queue (lane "batch", one job in the engine at a time when run with
-    ``lane_limits={"batch": 1}``)."""
+    """The gateway's interactive input cap (``gateway.route`` with ``over_cap="batch"``) applied to in-process
+    traffic: a request over ``cap_tokens`` prompt tokens goes to the batch lane (lane "batch"; run with
+    ``lane_limits=BATCH_LANE`` for the gateway's one batch job at the engine at a time)."""
     if cap_tokens < 1:
         raise KVLabError(f"The interactive input cap must be at least 1 token, got {cap_tokens!r}.")
     for a in arrivals:
-        a.lane = "batch" if len(a.prompt_ids) > cap_tokens else ""
+        a.lane = "batch" if gateway.route(len(a.prompt_ids), cap_tokens, "batch") == "batch_lane" else ""
     return arrivals
 
 

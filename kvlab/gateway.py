@@ -40,6 +40,8 @@ from kvlab.services import HttpService
 #: Body fields that do not change the answer (so they are not part of the cache key).
 NOT_IN_KEY = {"messages", "stream", "stream_options", "user", "model"}
 OVER_CAP = ("reject", "batch")
+#: Over-cap requests at the engine at once, by default: one batch job at a time.
+BATCH_CONCURRENCY = 1
 CACHE_HEADER = "x-kvlab-cache"
 #: Milliseconds the gateway spent on the request before the engine was asked (or, for a hit, before the answer): the
 #: gateway's own share of client TTFT, per request.
@@ -59,6 +61,14 @@ def cache_key(model: str, body: dict[str, Any]) -> str:
     settings = {k: v for k, v in body.items() if k not in NOT_IN_KEY}
     blob = json.dumps({"model": model, "messages": messages, "settings": settings}, sort_keys=True, ensure_ascii=False)
     return "kvlab:chat:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def route(tokens: int, input_cap: int, over_cap: str = "reject") -> str:
+    """Where the gateway sends a prompt of ``tokens`` tokens: "engine" (at or under the interactive cap, or no cap: 0),
+    else "rejected" or "batch_lane" as ``over_cap`` says. Lesson 07 routes its in-process traffic with this rule."""
+    if tokens <= input_cap or not input_cap:
+        return "engine"
+    return "batch_lane" if over_cap == "batch" else "rejected"
 
 
 def over_cap_error(tokens: int, cap: int) -> dict[str, Any]:
@@ -87,7 +97,7 @@ def cached_stream(entry: dict[str, Any], model: str, include_usage: bool) -> lis
 
 
 def create_app(upstream: str, tokenizer: str, redis_url: str | None = None, input_cap: int = 0, ttl_s: float = 600.0,
-               over_cap: str = "reject", batch_concurrency: int = 1) -> Any:
+               over_cap: str = "reject", batch_concurrency: int = BATCH_CONCURRENCY) -> Any:
     """The gateway's ASGI app (FastAPI). ``input_cap`` 0: no cap; ``redis_url`` None: no response cache."""
     import httpx
     from fastapi import FastAPI
@@ -149,8 +159,10 @@ def create_app(upstream: str, tokenizer: str, redis_url: str | None = None, inpu
         body = await request.json()
         model = str(body.get("model", ""))
         # counted only under a cap: tokenizing a long prompt costs milliseconds the gateway otherwise does not add
-        batch = bool(input_cap) and (tokens := len(chat_template_ids(tok, body.get("messages", [])))) > input_cap
-        if batch and over_cap == "reject":
+        tokens = len(chat_template_ids(tok, body.get("messages", []))) if input_cap else 0
+        where = route(tokens, input_cap, over_cap)
+        batch = where == "batch_lane"
+        if where == "rejected":
             requests.labels("rejected").inc()
             return JSONResponse(over_cap_error(tokens, input_cap), status_code=400)
         key = cache_key(model, body) if store is not None and cacheable(body) else None
@@ -226,7 +238,7 @@ class Gateway(HttpService):
     name = "gateway"
 
     def __init__(self, upstream: str, tokenizer: str, redis_url: str | None = None, input_cap: int = 0,
-                 ttl_s: float = 600.0, over_cap: str = "reject", batch_concurrency: int = 1, port: int | None = None,
+                 ttl_s: float = 600.0, over_cap: str = "reject", batch_concurrency: int = BATCH_CONCURRENCY, port: int | None = None,
                  host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:
         if over_cap not in OVER_CAP:
             raise KVLabError(f"over_cap must be one of {', '.join(OVER_CAP)}, got {over_cap!r}.")
@@ -263,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--input-cap", type=int, default=0, help="interactive input cap in prompt tokens (0: none)")
     ap.add_argument("--ttl", type=float, default=600.0, help="response-cache entry lifetime, seconds")
     ap.add_argument("--over-cap", choices=OVER_CAP, default="reject", help="what an over-cap request gets")
-    ap.add_argument("--batch-concurrency", type=int, default=1, help="over-cap requests at the engine at once")
+    ap.add_argument("--batch-concurrency", type=int, default=BATCH_CONCURRENCY, help="over-cap requests at the engine at once")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)
     a = ap.parse_args(argv)

@@ -217,8 +217,10 @@ assert shared >= 2 * chat_alone, rows
 #   already prefilling keeps its share of each step (`vllm/v1/core/sched/scheduler.py`: running requests are scheduled
 #   first, then the waiting queue in priority order).
 # - **An input cap in front of the engine, heavy jobs to a batch queue**: a request over 512 prompt tokens is not
-#   sent on the interactive path; it goes to a queue that lets one batch job into the engine at a time (lesson 06's
-#   gateway is where this lives in a real stack).
+#   sent on the interactive path; it goes to a queue that lets one batch job into the engine at a time. The rule is
+#   the gateway's own (`kvlab.gateway.route`, the code lesson 06's gateway runs on every request, one batch job at the
+#   engine by default); here it routes the in-process traffic, so the comparison with the other settings stays on one
+#   engine and one clock. Through HTTP the gateway adds about a millisecond per request (lesson 06 measures it).
 # - **A chunked-prefill budget**: a second engine with 512 tokens per step and at most 64 prompt tokens per request
 #   per step (`long_prefill_token_threshold`): steps stay shorter, and after the batch jobs' 64-token chunks there is
 #   room left in each step for waiting chats (`vllm/v1/core/sched/scheduler.py` caps each request's chunk at the
@@ -229,7 +231,7 @@ assert shared >= 2 * chat_alone, rows
 # %%
 settings["priority"] = capacity.run_setting(llm, traffic())
 settings["input cap + batch queue"] = capacity.run_setting(llm, capacity.route_by_input_cap(same_priority(traffic()), 512),
-                                                           lane_limits={"batch": 1})
+                                                           lane_limits=capacity.BATCH_LANE)
 kvlab.close_engine(llm)
 budget_args = engine_args | {"max_num_batched_tokens": 512, "long_prefill_token_threshold": 64}
 llm = kvlab.make_engine(scheduling_policy="priority", **budget_args)

@@ -38,6 +38,15 @@ def test_over_cap_error_names_the_cap_and_the_way_out():
     assert err["code"] == "input_cap_exceeded" and "5,000 tokens" in err["message"] and "cap of 2,048" in err["message"]
 
 
+def test_the_cap_rule_routes_at_the_boundary_and_lesson_07_uses_it():
+    assert gateway.route(512, 512) == "engine" and gateway.route(10**6, 0) == "engine"
+    assert gateway.route(513, 512) == "rejected" and gateway.route(513, 512, "batch") == "batch_lane"
+    from kvlab import capacity
+    from kvlab.workload import Arrival
+    lanes = [a.lane for a in capacity.route_by_input_cap([Arrival("chat", list(range(n)), 4) for n in (512, 513)], 512)]
+    assert lanes == ["", "batch"] and capacity.BATCH_LANE == {"batch": gateway.BATCH_CONCURRENCY}
+
+
 def test_a_cached_answer_streams_like_the_server():
     parts = gateway.cached_stream({"text": "Hello", "finish_reason": "stop", "usage": {"completion_tokens": 1}}, "m", True)
     assert parts[-1] == b"data: [DONE]\n\n" and b'"content": "Hello"' in parts[1] and b'"usage"' in parts[-2]
