@@ -33,7 +33,10 @@ def _build(args: argparse.Namespace) -> int:
     chosen = [Path(p).resolve() for p in args.notebooks] or lessons()
     index, runs = build(chosen, Path(args.out).resolve() if args.out else None, run=not args.no_run)
     for r in runs:
-        print(f"{'ok    ' if r.ok else 'FAILED'} {r.name} ({r.seconds:.0f} s){'  ' + r.error if r.error else ''}")
+        print(f"{'ok    ' if r.ok else 'FAILED'} {r.name} ({r.seconds:.0f} s: start-ups {r.startup_s:.0f} s, "
+              f"the rest {r.seconds - r.startup_s:.0f} s){'  ' + r.error if r.error else ''}")
+    total, starts = sum(r.seconds for r in runs), sum(r.startup_s for r in runs)
+    print(f"whole course: {total / 60:.1f} min (start-ups {starts / 60:.1f} min, the rest {(total - starts) / 60:.1f} min)")
     broken = broken_links(index.parent)
     for link in broken:
         print(f"broken link: {link}")

@@ -56,3 +56,28 @@ def kv_cache_gib() -> float:
 
         raise KVLabError(f"KVLAB_KV_CACHE_GIB={raw!r} is not a positive number of GiB; set it to e.g. 1 or unset it.")
     return value
+
+
+#: Model dtypes ``KVLAB_DTYPE`` accepts ("auto": chosen by the machine, see ``engine.model_dtype``).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def dtype_choice() -> str:
+    """The model dtype asked for with ``KVLAB_DTYPE`` (default "auto")."""
+    raw = os.environ.get("KVLAB_DTYPE", "").strip().lower() or "auto"
+    if raw not in DTYPES:
+        from kvlab.errors import KVLabError
+
+        raise KVLabError(f"KVLAB_DTYPE={raw!r} is not one of {', '.join(DTYPES)}; set one of them or unset it.")
+    return raw
+
+
+def note_startup(what: str, seconds: float) -> None:
+    """Record one engine or service start-up (``what``, seconds) in ``KVLAB_STARTUP_LOG`` when set: the course build
+    sets it per lesson, to split each lesson's time into start-ups and measurement."""
+    path = os.environ.get("KVLAB_STARTUP_LOG", "").strip()
+    if path:
+        import json
+
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"what": what, "seconds": round(seconds, 3)}) + "\n")

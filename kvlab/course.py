@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import time
@@ -26,6 +27,8 @@ class NotebookRun:
     executed: Path
     html: Path | None
     error: str = ""
+    startup_s: float = 0.0  # engine and service start-ups within ``seconds`` (the rest is measurement)
+    startups: int = 0
 
 
 def lessons(folder: Path | None = None) -> list[Path]:
@@ -129,6 +132,11 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None, run: boo
     for nb in tqdm(notebooks or lessons(), desc="notebooks", unit="nb"):
         start = time.perf_counter()
         executed, error = out / "notebooks" / nb.name, ""
+        startup_log = out / "logs" / f"startups-{nb.stem}.jsonl"
+        startup_log.parent.mkdir(parents=True, exist_ok=True)
+        startup_log.unlink(missing_ok=True)
+        before = os.environ.get("KVLAB_STARTUP_LOG")
+        os.environ["KVLAB_STARTUP_LOG"] = str(startup_log)  # the kernel inherits it: config.note_startup writes there
         try:
             if run:
                 execute(nb, out / "notebooks")
@@ -137,10 +145,24 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None, run: boo
                 shutil.copyfile(nb, executed)
         except Exception as exc:  # noqa: BLE001 - recorded, the build goes on
             error = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+        finally:
+            os.environ.pop("KVLAB_STARTUP_LOG")
+            if before is not None:
+                os.environ["KVLAB_STARTUP_LOG"] = before
+        seconds = time.perf_counter() - start
+        starts = startup_seconds(startup_log)
         page = to_html(executed, out / "html") if executed.exists() else None
-        runs.append(NotebookRun(nb.stem, notebook_title(nb), not error, time.perf_counter() - start, executed, page, error))
+        runs.append(NotebookRun(nb.stem, notebook_title(nb), not error, seconds, executed, page, error,
+                                min(sum(starts), seconds), len(starts)))
     index = write_index(runs, out)
     return index, runs
+
+
+def startup_seconds(log: Path) -> list[float]:
+    """The start-up times (s) a lesson's engines and services recorded in its start-up log (``config.note_startup``)."""
+    if not log.is_file():
+        return []
+    return [float(json.loads(line)["seconds"]) for line in log.read_text().splitlines() if line.strip()]
 
 
 def highlights(executed: Path) -> tuple[str, str]:
@@ -179,7 +201,8 @@ def write_index(runs: list[NotebookRun], out: Path) -> Path:
         link = f'<a href="html/{r.html.name}">{html.escape(r.title)}</a>' if r.html else html.escape(r.title)
         status = "ran top to bottom" if r.ok else f"failed: {html.escape(r.error)}"
         rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{link}</td><td class='{'ok' if r.ok else 'bad'}'>{status}</td>"
-                    f"<td>{r.seconds:.0f} s</td></tr>")
+                    f"<td>{r.seconds:.0f} s</td><td>{r.startup_s:.0f} s ({r.startups})</td>"
+                    f"<td>{r.seconds - r.startup_s:.0f} s</td></tr>")
         figure, summary = highlights(r.executed) if r.executed.exists() else ("", "")
         if figure or summary:
             sections.append(f"<section><h2>{link}</h2><div class='fig'>{figure}</div>"
@@ -194,9 +217,14 @@ table{{border-collapse:collapse;width:100%}}td,th{{border-bottom:1px solid #ddd;
 <h1>KV Lab — course report</h1>
 <p>Built {time.strftime('%Y-%m-%d %H:%M')} in {mode} mode with model <code>{html.escape(config.model_name())}</code>.
 Every number and figure below was measured during this build, on this machine.</p>
-<table><tr><th>lesson</th><th>title</th><th>status</th><th>run time</th></tr>
+<table><tr><th>lesson</th><th>title</th><th>status</th><th>run time</th><th>start-ups (how many)</th>
+<th>measurement and the rest</th></tr>
 {''.join(rows)}
+<tr><th colspan="3">whole course</th><th>{sum(r.seconds for r in runs):.0f} s</th>
+<th>{sum(r.startup_s for r in runs):.0f} s</th><th>{sum(r.seconds - r.startup_s for r in runs):.0f} s</th></tr>
 </table>
+<p>Start-ups: engines (<code>make_engine</code>) and services (vLLM server, gateway, Redis) starting, as each recorded
+it; two started side by side count twice.</p>
 {''.join(sections)}
 </body></html>"""
     index = out / "index.html"

@@ -37,12 +37,18 @@ def _cpu_model_and_flags() -> tuple[str, list[str]]:
     return model, flags
 
 
+def cpu_flags() -> set[str]:
+    """The vector/matrix flags of this CPU that matter to the engine (from ``/proc/cpuinfo``; empty where unreadable)."""
+    return set(_cpu_model_and_flags()[1])
+
+
 def env_report() -> dict[str, str]:
     """Collect the environment as plain strings (safe to print: no credentials, no tokens)."""
     import psutil
     import torch
 
     from kvlab import __version__
+    from kvlab.engine import model_dtype
 
     cpu_model, flags = _cpu_model_and_flags()
     mem = psutil.virtual_memory()
@@ -67,6 +73,7 @@ def env_report() -> dict[str, str]:
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "unset (vLLM: auto)"),
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "unset"),
         "model": config.model_name(),
+        "model dtype": "{} ({})".format(*model_dtype()),
         "quick mode (KVLAB_QUICK)": "on" if config.quick() else "off",
         "model cache": str(config.cache_dir()),
     }

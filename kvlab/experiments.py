@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvlab import outliers
 from kvlab.engine import chat
 from kvlab.timing import request_timing, timing_table
 
@@ -72,23 +73,35 @@ def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: s
     return row, None
 
 
-def generate_timed(llm: Any, prompt_ids: list[int], max_tokens: int) -> Any:
-    """One greedy request from token ids with exactly ``max_tokens`` output tokens; returns vLLM's RequestOutput."""
+def generate_batch(llm: Any, prompts: list[list[int]], max_tokens: int, **sampling: Any) -> list[Any]:
+    """Requests from token ids submitted together, exactly ``max_tokens`` out each, greedy unless ``sampling`` says
+    otherwise (any ``SamplingParams`` field); returns vLLM's RequestOutputs, in order (``timing.timing_table`` reads them)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)[0]
+    params = SamplingParams(**({"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True} | sampling))
+    return llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompts], params, use_tqdm=False)
+
+
+def generate_timed(llm: Any, prompt_ids: list[int], max_tokens: int, **sampling: Any) -> Any:
+    """One request from token ids with exactly ``max_tokens`` output tokens (greedy unless ``sampling`` says
+    otherwise); returns vLLM's RequestOutput."""
+    return generate_batch(llm, [prompt_ids], max_tokens, **sampling)[0]
 
 
 def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeats: int, warmup: int = 1,
-          desc: str = "sweep", **settings: Any) -> pd.DataFrame:
-    """Time prompt lengths × output lengths × repeats, one request at a time, each cold.
+          desc: str = "sweep", sampling: dict[str, Any] | None = None, **settings: Any) -> pd.DataFrame:
+    """Time prompt lengths × output lengths × repeats, one request at a time, each cold (greedy unless ``sampling``
+    gives other ``SamplingParams`` fields).
 
     Warm-up first (untimed, every prompt length); every timed request gets a prompt cut from a different place
     in the text and the prefix cache is emptied before it, so nothing is reused. Repeats are the outer loop, so
-    slow moments of a shared machine spread over all points. ``settings`` become columns of every row.
+    slow moments of a shared machine spread over all points. A request far slower than its point (a stall,
+    ``kvlab.outliers``) is flagged and its point measured again; the sentence saying how many is printed.
+    ``settings`` become columns of every row.
     """
+    import time
+
     from tqdm.auto import tqdm
 
     from kvlab.errors import KVLabError
@@ -103,17 +116,26 @@ def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeat
     prompts = {p: distinct_prompts(tok, p, repeats + warmup, seed=p) for p in prompt_lengths}
     for p in prompt_lengths:
         for w in range(warmup):
-            generate_timed(llm, prompts[p][repeats + w], min(output_lengths))
+            generate_timed(llm, prompts[p][repeats + w], min(output_lengths), **(sampling or {}))
+
+    def timed(p: int, n: int, r: int) -> dict[str, Any]:
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        out = generate_timed(llm, prompts[p][r], n, **(sampling or {}))
+        wall = time.perf_counter() - start  # what `vllm bench latency` times: the whole generate call
+        return request_timing(out) | {"repeat": r, "generate_wall_s": wall} | settings
+
     rows = []
     with tqdm(total=repeats * len(prompt_lengths) * len(output_lengths), desc=desc, unit="req") as bar:
         for r in range(repeats):
             for p in prompt_lengths:
                 for n in output_lengths:
-                    llm.reset_prefix_cache()
-                    out = generate_timed(llm, prompts[p][r], n)
-                    rows.append(request_timing(out) | {"repeat": r} | settings)
+                    rows.append(timed(p, n, r))
                     bar.update()
-    return pd.DataFrame(rows)
+    df = outliers.remeasure(pd.DataFrame(rows), ["prompt_tokens", "output_tokens"], ["ttft_s", "tpot_s"],
+                            lambda row: timed(int(row.prompt_tokens), int(row.output_tokens), int(row["repeat"])))
+    print(outliers.report(df, ["ttft_s", "tpot_s"]))
+    return df
 
 
 def crossover(medians: pd.DataFrame, output_tokens: int) -> float | None:
@@ -140,23 +162,19 @@ def batch_sweep(llm: Any, batch_sizes: list[int], prompt_tokens: int, output_tok
     import time
 
     from tqdm.auto import tqdm
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
     from kvlab.prompts import distinct_prompts
 
     tok = llm.get_tokenizer()
-    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
     pool = distinct_prompts(tok, prompt_tokens, max(batch_sizes) * (repeats + 1), seed=11)
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in pool[: min(batch_sizes)]], params, use_tqdm=False)  # warm-up
+    generate_batch(llm, pool[: min(batch_sizes)], output_tokens)  # warm-up
     rows = []
     with tqdm(total=len(batch_sizes) * repeats, desc="batches", unit="batch") as bar:
         for r in range(repeats):
             for b in batch_sizes:
                 llm.reset_prefix_cache()
-                prompts = [TokensPrompt(prompt_token_ids=p) for p in pool[r * max(batch_sizes): r * max(batch_sizes) + b]]
                 start = time.perf_counter()
-                outs = llm.generate(prompts, params, use_tqdm=False)
+                outs = generate_batch(llm, pool[r * max(batch_sizes): r * max(batch_sizes) + b], output_tokens)
                 wall = time.perf_counter() - start
                 rows += [request_timing(o) | {"batch_size": b, "repeat": r, "batch_wall_s": wall} for o in outs]
                 bar.update()
@@ -178,3 +196,30 @@ def batch_summary(df: pd.DataFrame) -> pd.DataFrame:
     s["output_tok_s"] = s.batch_size.map(wall.tokens / wall.wall)
     s["preemptions"] = s.batch_size.map(df.groupby("batch_size").preemptions.sum())
     return s
+
+
+def decode_by_width(factors: list[float], prompt_tokens: int = 128, output_tokens: int = 32, repeats: int = 3,
+                    base: str | None = None) -> pd.DataFrame:
+    """TPOT of the chosen (or ``base``) model made wider (``model.prepare_width_variant``: same layers, random weights):
+    one eager engine per width (fast to start), one cold request at a time. One row per request, with the width, the
+    weight bytes and the bytes one decode step reads (weights + the KV of the average context)."""
+    from tqdm.auto import tqdm
+
+    from kvlab import roofline
+    from kvlab.engine import close_engine, make_engine
+    from kvlab.model import prepare_width_variant
+
+    tables = []
+    for factor in tqdm(factors, desc="model widths", unit="model"):
+        path = prepare_width_variant(factor, base)
+        llm = make_engine(str(path), enforce_eager=True, enable_prefix_caching=False, kv_cache_gib=0.25,
+                          max_model_len=max(1024, prompt_tokens + output_tokens))
+        try:
+            cost = roofline.engine_cost(llm)
+            hidden = llm.llm_engine.vllm_config.model_config.hf_config.get_text_config().hidden_size
+            df = sweep(llm, [prompt_tokens], [output_tokens], repeats, desc=f"hidden {hidden}")
+        finally:
+            close_engine(llm)
+        tables.append(df.assign(width_factor=factor, hidden_size=hidden, weight_bytes=cost.weights_read(1),
+                                step_bytes=cost.decode_step_bytes(prompt_tokens + output_tokens / 2)))
+    return pd.concat(tables, ignore_index=True)

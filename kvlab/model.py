@@ -264,6 +264,31 @@ def prepare_sliding_variant(window: int, base: str | None = None) -> Path:
                            layer_types=["sliding_attention"] * layers)
 
 
+def width_overrides(factor: float, base: str | None = None) -> dict[str, int]:
+    """Config fields that make the chosen (or ``base``) model about ``factor`` × as wide: hidden size, query and KV heads
+    (head size and the query-to-KV ratio kept) and MLP width scaled alike, layers unchanged. Widths are whole multiples
+    of one KV group (head_dim × query heads per KV head); ``factor`` 1 gives the model's own widths."""
+    cfg = load_config(base).get_text_config()
+    heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+        raise KVLabError(f"width factor {factor!r} must be a positive number (1 = the model's own width).")
+    groups = max(1, round(kv * factor))  # KV heads; each carries heads // kv query heads
+    scale = groups / kv
+    return {"hidden_size": groups * (heads // kv) * head_dim if heads * head_dim == cfg.hidden_size
+            else round(cfg.hidden_size * scale), "num_attention_heads": groups * (heads // kv),
+            "num_key_value_heads": groups, "intermediate_size": round(cfg.intermediate_size * scale), "head_dim": head_dim}
+
+
+def prepare_width_variant(factor: float, base: str | None = None) -> Path:
+    """The chosen (or ``base``) model made about ``factor`` × as wide (``width_overrides``): random weights, same layer
+    count, so a decode step's fixed costs stay and only the bytes it reads change. ``factor`` 1 is the model itself."""
+    fields = width_overrides(factor, base)
+    if factor == 1:
+        return Path(resolve_model(base))
+    return prepare_variant(f"w{fields['hidden_size']}", base, **fields)
+
+
 SECOND_MODEL = "Qwen2-Tiny-Random"
 #: A model of another family than the course's, to prove the course holds beyond it: Qwen2 layout (q/k/v biases,
 #: 8 query heads sharing 2 KV heads of 64, 24 layers), random weights, the course model's tokenizer.

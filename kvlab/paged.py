@@ -66,16 +66,13 @@ def run_sequential(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: 
 def preemption_run(llm: Any, sequences: int, prompt_tokens: int, output_tokens: int, seed: int = 0) -> pd.DataFrame:
     """``sequences`` distinct requests submitted together, each growing to ``prompt_tokens + output_tokens``; one
     timing row each with the engine's count of its preemptions."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
+    from kvlab.experiments import generate_batch
     from kvlab.prompts import distinct_prompts
     from kvlab.timing import timing_table
 
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in distinct_prompts(llm.get_tokenizer(), prompt_tokens, sequences, seed=seed)]
-    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
+    prompts = distinct_prompts(llm.get_tokenizer(), prompt_tokens, sequences, seed=seed)
     llm.reset_prefix_cache()
-    return timing_table(llm.generate(prompts, params, use_tqdm=False), sequences=sequences)
+    return timing_table(generate_batch(llm, prompts, output_tokens), sequences=sequences)
 
 
 #: Blocks of the pool no request can use: vLLM keeps one as its "null block" (``vllm/v1/core/block_pool.py``:
@@ -159,16 +156,13 @@ def run_traffic(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: int
     """The requests one after another (``concurrency`` 1), or in waves of ``concurrency`` submitted together."""
     if concurrency <= 1:
         return run_sequential(llm, requests, max_tokens)
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
+    from kvlab.experiments import generate_batch
     from kvlab.timing import timing_table
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     waves = []
     for start in range(0, len(requests), concurrency):
         wave = requests[start : start + concurrency]
-        outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for _, ids in wave], params, use_tqdm=False)
+        outs = generate_batch(llm, [ids for _, ids in wave], max_tokens)
         waves.append(timing_table(outs, wave=start // concurrency).assign(label=[label for label, _ in wave]))
     return pd.concat(waves, ignore_index=True)
 

@@ -184,6 +184,27 @@ def itl_scatter(streams: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def decode_fit(widths: pd.DataFrame, fit: Any, bandwidth: float) -> go.Figure:
+    """TPOT of every request against the bytes its decode step reads (one colour per model width; stalls as crosses),
+    the fitted line overhead + bytes ÷ bandwidth, and the bound bytes ÷ peak bandwidth through zero."""
+    fig = go.Figure()
+    flagged = widths.outlier.astype(bool) if "outlier" in widths else pd.Series(False, index=widths.index)
+    for hidden, g in widths[~flagged].groupby("hidden_size"):
+        fig.add_scatter(x=g.step_bytes / 1e6, y=g.tpot_s * 1e3, mode="markers", name=f"hidden size {hidden}")
+    if flagged.any():
+        f = widths[flagged]
+        fig.add_scatter(x=f.step_bytes / 1e6, y=f.tpot_s * 1e3, mode="markers", marker_symbol="x", marker_color="grey",
+                        name="stalls (flagged, re-measured)")
+    x = [0.0, float(widths.step_bytes.max()) * 1.1]
+    fig.add_scatter(x=[v / 1e6 for v in x], y=[(fit.overhead_s + v / fit.bandwidth) * 1e3 for v in x], mode="lines",
+                    name=f"fit: {fit.overhead_s * 1e3:.1f} ms + bytes ÷ {fit.bandwidth / 1e9:.1f} GB/s", line_color="#4c8bf5")
+    fig.add_scatter(x=[v / 1e6 for v in x], y=[v / bandwidth * 1e3 for v in x], mode="lines", line_dash="dash",
+                    line_color="black", name=f"bound: bytes ÷ peak {bandwidth / 1e9:.1f} GB/s")
+    fig.update_layout(title="TPOT = fixed cost per step + bytes ÷ bandwidth", xaxis_title="bytes read per decode step (MB)",
+                      yaxis_title="TPOT (ms)", height=420)
+    return fig
+
+
 def token_timeline(tokens: pd.DataFrame, requests: pd.DataFrame, title: str) -> go.Figure:
     """Every token of every request over time; the long prompt's arrival and first token marked."""
     fig = go.Figure()

@@ -102,7 +102,7 @@ def measure_limits(dtype: str | None = None, quick: bool = False, model: str | N
     A fresh process, because a CPU engine pins its threads to cores in the process that runs it, after which
     torch's own matmuls there run slower and the "peak" would be too low (the bound too slow). Best of several
     tries per shape, over square shapes and the chosen model's own MLP shapes (``model``: default the chosen one).
-    ``dtype`` defaults to the one ``make_engine`` uses here (float32 on CPU, bfloat16 on GPU).
+    ``dtype`` defaults to the one ``make_engine`` uses here (``engine.model_dtype``; bfloat16 on GPU).
     On a shared machine call it more than once and keep ``best_of`` the results.
     """
     import json
@@ -112,7 +112,7 @@ def measure_limits(dtype: str | None = None, quick: bool = False, model: str | N
     if dtype is None:
         from kvlab.engine import engine_defaults
 
-        dtype = engine_defaults().get("dtype", "bfloat16")
+        dtype = engine_defaults().get("dtype", "bfloat16")  # "auto" (GPU) is not passed: the model's dtype
     extra = tuple(model_shapes(model))
     code = f"import json, kvlab.roofline as r; print(json.dumps(r._measure_here({dtype!r}, {quick!r}, {extra!r}).as_dict()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
@@ -251,3 +251,45 @@ def engine_cost(llm: Any) -> ModelCost:
 def engine_dtype(llm: Any) -> str:
     """The engine's model dtype as a torch name ("float32", "bfloat16"...), to measure limits in the same dtype."""
     return str(llm.llm_engine.vllm_config.model_config.dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class DecodeFit:
+    """TPOT = overhead + bytes per step ÷ bandwidth, fitted by least squares over models that differ only in width:
+    the intercept is the engine's fixed cost per step (scheduling, sampling, Python, kernel launches), the slope's
+    inverse the bandwidth the step achieved. Uncertainties are one standard error."""
+
+    overhead_s: float
+    overhead_se_s: float
+    bandwidth: float  # bytes/s
+    bandwidth_lo: float  # from slope + 1 SE
+    bandwidth_hi: float  # from slope − 1 SE (inf when the slope's SE exceeds it)
+    r2: float
+    points: int
+
+    def memory_share(self, step_bytes: float, bandwidth: float | None = None, overhead_s: float | None = None) -> float:
+        """The share of a decode step that is memory traffic: (bytes ÷ bandwidth) ÷ (overhead + bytes ÷ bandwidth)."""
+        bw = self.bandwidth if bandwidth is None else bandwidth
+        memory = step_bytes / bw
+        return memory / (memory + (self.overhead_s if overhead_s is None else overhead_s))
+
+
+def fit_decode(step_bytes: list[float], tpot_s: list[float]) -> DecodeFit:
+    """Fit TPOT = a + b × bytes (ordinary least squares; at least three widths, so the errors have a degree of freedom)."""
+    import numpy as np
+
+    from kvlab.errors import KVLabError
+
+    x, y = np.asarray(step_bytes, float), np.asarray(tpot_s, float)
+    if len(x) < 3 or len(set(x)) < 3:
+        raise KVLabError(f"The decode fit needs at least three models of different size, got {len(set(x))}.")
+    design = np.column_stack([np.ones_like(x), x])
+    (a, b), res, *_ = np.linalg.lstsq(design, y, rcond=None)
+    resid = y - design @ np.array([a, b])
+    dof = len(x) - 2
+    sigma2 = float(resid @ resid) / dof
+    cov = sigma2 * np.linalg.inv(design.T @ design)
+    se_a, se_b = float(np.sqrt(cov[0, 0])), float(np.sqrt(cov[1, 1]))
+    r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum()) if y.std() > 0 else float("nan")
+    hi = 1 / (b - se_b) if b - se_b > 0 else float("inf")
+    return DecodeFit(float(a), se_a, 1 / b if b > 0 else float("inf"), 1 / (b + se_b), hi, r2, len(x))

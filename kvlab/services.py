@@ -94,6 +94,7 @@ class Service:
                                  f"(full log: {self.log_file}):\n{self.log_tail()}")
             if self.healthy():
                 self.start_s = time.perf_counter() - t0
+                config.note_startup(self.name, self.start_s)
                 return self
             if time.perf_counter() - t0 > self.timeout_s:
                 self.stop()

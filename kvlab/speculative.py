@@ -149,6 +149,24 @@ def same_outputs(base: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def identity_check(dtype: str, k: int, tasks: list[str], requests: int, max_tokens: int, model: str | None = None,
+                   **engine_args: Any) -> pd.DataFrame:
+    """The same greedy requests with speculation off and at ``k``, on two engines in ``dtype``: ``same_outputs`` with a
+    ``dtype`` column. Speculation is exact only up to rounding (the verify pass sums in another order than single
+    steps), so how often answers stay identical depends on the precision."""
+    from kvlab.engine import close_engine, make_engine
+
+    runs = []
+    for spec in (0, k):
+        extra = ngram_config(spec) if spec else {}
+        llm = make_engine(model, dtype=dtype, enforce_eager=True, max_model_len=2048, **(engine_args | extra))
+        try:
+            runs.append(run_tasks(llm, tasks, requests, max_tokens))
+        finally:
+            close_engine(llm)
+    return same_outputs(*runs).assign(dtype=dtype, k=k)
+
+
 def verify_cost(llm: Any, max_new: int, repeats: int = 5, context_blocks: int = 2) -> pd.DataFrame:
     """What one forward pass over 1…``max_new`` new tokens costs after a cached context (what verifying k + 1 tokens
     costs): a prompt of ``context_blocks`` cached blocks plus n fresh tokens, one output token; the engine's prefill
@@ -177,18 +195,15 @@ def verify_cost(llm: Any, max_new: int, repeats: int = 5, context_blocks: int = 
 def batch_run(llm: Any, prompts: list[list[int]], batch_sizes: list[int], max_tokens: int, **settings: Any) -> pd.DataFrame:
     """The prompts in batches of each size, submitted together (greedy, exact ``max_tokens``): per-request TPOT from
     the engine's timestamps, and the batch's acceptance. Batch sizes above the prompt count reuse prompts."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
+    from kvlab.experiments import generate_batch
     from kvlab.timing import timing_table
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     frames = []
     for size in batch_sizes:
         batch = [prompts[i % len(prompts)] for i in range(size)]
-        llm.generate([TokensPrompt(prompt_token_ids=batch[0])], params, use_tqdm=False)  # warm this engine up
+        generate_batch(llm, batch[:1], max_tokens)  # warm this engine up
         before = counters(llm)
-        outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], params, use_tqdm=False)
+        outs = generate_batch(llm, batch, max_tokens)
         acc = acceptance(before, counters(llm))
         frames.append(timing_table(outs, batch_size=size, acceptance_rate=acc["acceptance_rate"], **settings))
     return pd.concat(frames, ignore_index=True)

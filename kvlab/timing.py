@@ -111,8 +111,11 @@ def p95(values: Iterable[float]) -> float:
 
 
 def summarize(df: pd.DataFrame, columns: Iterable[str] = ("ttft_s", "tpot_s", "e2e_s"), by: list[str] | None = None) -> pd.DataFrame:
-    """Median and p95 (never a lone mean) of the timing columns, optionally per group."""
+    """Median and p95 (never a lone mean) of the timing columns, optionally per group. Rows flagged as stalls
+    (``outlier`` True, see ``kvlab.outliers``) are left out; ``requests`` counts the rows used."""
     columns = list(columns)
+    if "outlier" in df:
+        df = df[~df.outlier.astype(bool)]
 
     def _one(g: pd.DataFrame) -> pd.Series:
         stats: dict[str, float] = {"requests": float(len(g))}

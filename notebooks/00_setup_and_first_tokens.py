@@ -44,8 +44,9 @@ pd.Series(facts, name="value").to_frame()
 # %% [markdown]
 # ## 2. Start the engine and read its KV capacity
 #
-# `kvlab.make_engine()` builds a vLLM `LLM` with the right settings for this platform (on a CPU: float32, a fixed
-# 1 GiB KV budget so capacity is reproducible, per-request statistics on). vLLM's log lines go to a file under
+# `kvlab.make_engine()` builds a vLLM `LLM` with the right settings for this platform (on a CPU: the dtype this CPU
+# runs fastest — bfloat16 where it has native bf16, else float32, printed above as "model dtype" — and a fixed 1 GiB
+# KV budget so capacity is reproducible, per-request statistics on). vLLM's log lines go to a file under
 # `build/logs/`, not into this notebook. We build **one engine and reuse it** for the whole lesson: starting an
 # engine costs seconds to minutes, a request costs milliseconds.
 #

@@ -38,7 +38,7 @@ from kvlab import caching, timing
 llm = kvlab.make_engine(enable_prefix_caching=True)
 tok = llm.get_tokenizer()
 block = kvlab.kv_capacity(llm).block_size
-system = caching.static_prefix(n_tools=kvlab.pick(None, 5))
+system = caching.static_prefix(n_tools=kvlab.pick(10, 5))  # 10 of its 13 tools: ~2,900 tokens, a quicker lesson
 turns = caching.user_turns()
 example = caching.chat_ids(tok, system, turns[0])
 shared = caching.common_prefix(example, caching.chat_ids(tok, system, turns[1]))
@@ -52,7 +52,7 @@ print(f"prompt: {len(example):,} tokens, of which {shared:,} are shared by every
 # the prefix; only the user turn is prefilled. `cached_tokens` is vLLM's `num_cached_tokens` for each request.
 
 # %%
-n_turns = kvlab.pick(8, 3)
+n_turns = kvlab.pick(6, 3)
 cw = caching.cold_vs_warm(llm, system, turns[:n_turns])
 cw[["cache", "label", "prompt_tokens", "cached_tokens", "ttft_s"]].round(3)
 
@@ -126,7 +126,7 @@ print("edit at the start → nothing reused; same edit at the end → all full b
 
 # %%
 before = caching.prefix_counters(llm)
-unique = caching.timed_requests(llm, kvlab.prompts.distinct_prompts(tok, len(example), kvlab.pick(5, 3), seed=99), max_tokens=4)
+unique = caching.timed_requests(llm, kvlab.prompts.distinct_prompts(tok, len(example), kvlab.pick(4, 3), seed=99), max_tokens=4)
 after = caching.prefix_counters(llm)
 print(f"cached tokens per unique prompt: {unique.cached_tokens.tolist()}; engine counter: {after['hits'] - before['hits']} hit tokens of {after['queries'] - before['queries']} queried")
 assert (unique.cached_tokens == 0).all()
@@ -139,7 +139,7 @@ assert (unique.cached_tokens == 0).all()
 # caching off). Hit rate from the engine's own counters.
 
 # %%
-n_requests = kvlab.pick(20, 10)
+n_requests = kvlab.pick(12, 10)
 mixed_on, counters_on = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=True)
 mixed_off, counters_off = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=False)
 mixed = pd.concat([mixed_on, mixed_off])

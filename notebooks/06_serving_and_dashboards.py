@@ -33,7 +33,7 @@ env = kvlab.print_env()
 # %%
 from kvlab import serving
 
-server = serving.start_server(enforce_eager=kvlab.quick())
+server = serving.start_server()
 print(f"{server}\nhealthy after {server.start_s:.0f} s; log: {server.log_file.name}")
 
 # %% [markdown]
@@ -236,7 +236,7 @@ runs["chat + agents"].groupby("kind").agg(requests=("ttft_s", "size"), prompt_to
 storm_turns = kvlab.pick(8, 4)
 storm = {"prefix caching on": traffic.agent_storm(server, traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7), 16)}
 first_pids = [p.pid for p in server.processes()]
-server = serving.start_server(enforce_eager=kvlab.quick(), enable_prefix_caching=False)  # stops the first one
+server = serving.start_server(enable_prefix_caching=False)  # stops the first one
 storm["prefix caching off"] = traffic.agent_storm(server, traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7), 16)
 storms = pd.concat([df.assign(setting=name) for name, df in storm.items()], ignore_index=True)
 storms.pivot(index="turn", columns="setting", values=["prompt_tokens", "cached_tokens", "ttft_s"]).round(3)

@@ -35,3 +35,20 @@ def test_kv_budget_default_and_value(monkeypatch):
     assert config.kv_cache_gib() == 1.0
     monkeypatch.setenv("KVLAB_KV_CACHE_GIB", "2.5")
     assert config.kv_cache_gib() == 2.5
+
+
+def test_dtype_follows_the_cpus_bf16_flags_and_the_override(monkeypatch):
+    from kvlab import engine
+
+    monkeypatch.delenv("KVLAB_DTYPE", raising=False)
+    monkeypatch.setattr(engine, "on_gpu", lambda: False)
+    assert engine.model_dtype({"avx512f", "avx512_bf16"})[0] == "bfloat16"
+    assert engine.model_dtype({"amx_bf16", "amx_tile"})[0] == "bfloat16"
+    dtype, why = engine.model_dtype({"avx2", "avx512f", "avx512_vnni"})
+    assert dtype == "float32" and "no native bf16" in why
+    monkeypatch.setenv("KVLAB_DTYPE", "float32")
+    assert engine.model_dtype({"avx512_bf16"}) == ("float32", "set by KVLAB_DTYPE")
+    assert engine.engine_defaults()["dtype"] == "float32"
+    monkeypatch.setenv("KVLAB_DTYPE", "fp33")
+    with pytest.raises(KVLabError, match="is not one of auto, float32"):
+        engine.model_dtype()

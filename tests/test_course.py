@@ -14,6 +14,7 @@ def test_build_notebook_00_writes_html_and_index(tmp_path):
     assert nb.name == "00_setup_and_first_tokens.ipynb"
     index, runs = course.build([nb], tmp_path)
     assert runs[0].ok, runs[0].error
+    assert runs[0].startups == 1 and 0 < runs[0].startup_s < runs[0].seconds  # lesson 00 starts one engine
     page = tmp_path / "html" / "00_setup_and_first_tokens.html"
     assert page.exists() and "plotly" in page.read_text()
     report = index.read_text()
@@ -22,6 +23,7 @@ def test_build_notebook_00_writes_html_and_index(tmp_path):
     assert "Headline numbers from this build" in report and report.count('class="plotly-graph-div"') == 1
     numbers = report.split("Headline numbers from this build", 1)[1]
     assert "TTFT" in numbers and "ms" in numbers
+    assert "start-ups (how many)" in report and "whole course" in report
     executed = json.loads((tmp_path / "notebooks" / nb.name).read_text())
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     shown = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)

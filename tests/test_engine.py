@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -20,16 +21,16 @@ def test_kv_capacity_matches_hand_formula_to_one_block(engine, model_dir):
     cfg = json.loads((model_dir / "config.json").read_text())
     layers, kv_heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    bytes_per_elem = 4  # the CPU engine runs float32 and the KV cache follows the model dtype
-    per_token = 2 * layers * kv_heads * head_dim * bytes_per_elem  # K and V
-    assert per_token == 46_080  # 2 · 30 · 3 · 64 · 4, the default model's figure
+    dtype = kvlab.engine.model_dtype()[0]  # the machine's choice; the KV cache follows the model dtype
+    per_token = 2 * layers * kv_heads * head_dim * kvlab.sizing.dtype_bytes(dtype)  # K and V
+    assert per_token == {"float32": 46_080, "bfloat16": 23_040}[dtype]  # 2 · 30 · 3 · 64 · bytes, the default model's
     cap = kvlab.kv_capacity(engine)
     budget = kvlab.config.kv_cache_gib() * 2**30
     hand_tokens = math.floor(budget / per_token)
     assert cap.bytes_per_token == per_token
     assert abs(cap.tokens - hand_tokens) <= cap.block_size
     assert cap.tokens == cap.num_blocks * cap.block_size
-    assert cap.bytes <= budget and cap.kv_dtype == "float32"
+    assert cap.bytes <= budget and cap.kv_dtype == dtype
 
 
 def test_engine_timestamps_are_ordered_and_consistent(engine):
@@ -45,7 +46,9 @@ def test_kv_budget_too_small_names_largest_context_and_fixes():
     with pytest.raises(kvlab.KVLabError) as err:
         kvlab.make_engine(kv_cache_gib=0.05, enforce_eager=True)
     msg = str(err.value)
-    assert "largest context that fits is 1,024 tokens" in msg
+    fits = re.search(r"largest context that fits is ([\d,]+) tokens", msg)
+    per_token = 2 * 30 * 3 * 64 * kvlab.sizing.dtype_bytes(kvlab.engine.model_dtype()[0])  # the course model's K and V
+    assert fits and 128 <= int(fits.group(1).replace(",", "")) <= 0.05 * 2**30 / per_token, msg  # 1,024 fp32; 2,176 bf16
     assert "kv_cache_gib" in msg and "max_model_len" in msg
     assert "\n" not in msg
 

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from kvlab import experiments, roofline
+from kvlab.errors import KVLabError
 from kvlab.sizing import load_preset
 
 SMOL = load_preset("SmolLM2-135M")["config"]
@@ -118,3 +119,19 @@ def test_a_verifying_pass_is_bound_by_weight_reads_until_its_tokens_reach_the_ri
     small = cost()  # the course model on a 2-core CPU's balance (10 FLOP/byte): compute-bound from a handful of tokens
     cpu = roofline.MachineLimits(matmul_flops=1e11, bandwidth=1e10, dtype="float32", device="cpu", threads=2)
     assert small.forward_bound_s(64, 256, cpu) > 2 * small.forward_bound_s(1, 256, cpu)
+
+
+def test_decode_fit_recovers_overhead_and_bandwidth_with_their_errors():
+    import numpy as np
+
+    bytes_ = np.array([2.7e8, 5.6e8, 8.0e8, 9.6e8])
+    exact = 0.015 + bytes_ / 40e9  # 15 ms per step, 40 GB/s
+    fit = roofline.fit_decode(bytes_, exact)
+    assert abs(fit.overhead_s - 0.015) < 1e-9 and abs(fit.bandwidth - 40e9) / 40e9 < 1e-6 and fit.r2 > 0.999999
+    noisy = exact * (1 + np.array([0.02, -0.01, 0.015, -0.02]))
+    fit = roofline.fit_decode(bytes_, noisy)
+    assert fit.overhead_se_s > 0 and fit.bandwidth_lo < fit.bandwidth < fit.bandwidth_hi
+    assert abs(fit.overhead_s - 0.015) < 3 * fit.overhead_se_s + 1e-3
+    assert 0.5 < fit.memory_share(9.6e8) < 0.7  # 24 ms of memory in a 39 ms step
+    with pytest.raises(KVLabError, match="at least three models"):
+        roofline.fit_decode([1e8, 2e8], [0.01, 0.02])

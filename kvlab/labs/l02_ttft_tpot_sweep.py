@@ -8,12 +8,13 @@ import pandas as pd
 
 from kvlab.exercises import Question, Tables
 from kvlab.labs import Lab, Param, at_most, first, model_param, output_param
+from kvlab.outliers import clean
 
 NAME = "L02_ttft_tpot_sweep"
 
 
 def _longest(t: Tables) -> pd.DataFrame:
-    r = t["results"]
+    r = clean(t["results"])  # stalls stay in the results, flagged; answers come from the rest
     return r[(r.prompt_tokens == r.prompt_tokens.max()) & (r.output_tokens == r.output_tokens.min())]
 
 
@@ -26,13 +27,13 @@ def phase(t: Tables) -> tuple[Any, str]:
 
 
 def ttft_growth(t: Tables) -> tuple[Any, str]:
-    m = t["results"].groupby("prompt_tokens").ttft_s.median()
+    m = clean(t["results"]).groupby("prompt_tokens").ttft_s.median()
     ratio = m.iloc[-1] / m.iloc[0]
     return round(ratio, 2), f"median TTFT {m.iloc[0] * 1e3:.0f} ms at {m.index[0]:,} tokens → {m.iloc[-1] * 1e3:.0f} ms at {m.index[-1]:,}"
 
 
 def tpot_vs_ttft(t: Tables) -> tuple[Any, str]:
-    m = t["results"].groupby("prompt_tokens")[["ttft_s", "tpot_s"]].median()
+    m = clean(t["results"]).groupby("prompt_tokens")[["ttft_s", "tpot_s"]].median()
     g_ttft, g_tpot = m.ttft_s.iloc[-1] / m.ttft_s.iloc[0], m.tpot_s.iloc[-1] / m.tpot_s.iloc[0]
     return ("less" if g_tpot < g_ttft else "more"), (
         f"TPOT ×{g_tpot:.2f} vs TTFT ×{g_ttft:.2f}: decode reads the weights once per token whatever the prompt; prefill "
@@ -43,7 +44,7 @@ def compare(t: pd.DataFrame) -> Any:
     """Median TTFT vs prompt length, one line per run."""
     import plotly.express as px
 
-    m = t.groupby(["run", "prompt_tokens"], as_index=False).ttft_s.median()
+    m = clean(t).groupby(["run", "prompt_tokens"], as_index=False).ttft_s.median()
     return px.line(m.assign(ttft_ms=m.ttft_s * 1e3), x="prompt_tokens", y="ttft_ms", color="run", markers=True,
                    title="L02 · median TTFT vs prompt length", labels={"prompt_tokens": "prompt tokens", "ttft_ms": "TTFT (ms)"})
 
@@ -58,7 +59,7 @@ LAB = Lab(
         Param("output_lengths", [32], "output tokens per request (exact: end-of-sequence is ignored)", positive=True,
               quick=first(1)),
         Param("repeats", 3, "timed requests per (prompt, output) point, after one warm-up", positive=True, quick=at_most(2)),
-        Param("dtype", "auto", "model dtype: auto (platform default: float32 on CPU), float32, bfloat16, float16",
+        Param("dtype", "auto", "model dtype: auto (the machine's choice: bfloat16 on a CPU with native bf16, else float32), float32, bfloat16, float16",
               choices=("auto", "float32", "bfloat16", "float16")),
         Param("enforce_eager", True, "True: no torch.compile (fast start); False: compiled (faster decode, slow first start)"),
         Param("kv_cache_gib", 1.0, "KV cache budget, GiB", positive=True),
