@@ -8,7 +8,7 @@ import pandas as pd
 
 from kvlab import outliers
 from kvlab.engine import chat
-from kvlab.timing import request_timing, timing_table
+from kvlab.timing import PRECISION, relative_ci, request_timing, timing_table
 
 
 def repeat_chat(llm: Any, question: str, repeats: int, max_tokens: int, warmup: int = 1, cold: bool = True) -> tuple[pd.DataFrame, list[Any]]:
@@ -90,9 +90,12 @@ def generate_timed(llm: Any, prompt_ids: list[int], max_tokens: int, **sampling:
 
 
 def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeats: int, warmup: int = 1,
-          desc: str = "sweep", sampling: dict[str, Any] | None = None, **settings: Any) -> pd.DataFrame:
+          desc: str = "sweep", sampling: dict[str, Any] | None = None, min_repeats: int | None = None,
+          **settings: Any) -> pd.DataFrame:
     """Time prompt lengths × output lengths × repeats, one request at a time, each cold (greedy unless ``sampling``
-    gives other ``SamplingParams`` fields).
+    gives other ``SamplingParams`` fields). With ``min_repeats``, ``repeats`` is a ceiling: after ``min_repeats``
+    a point is repeated only while its median TTFT or TPOT is known to worse than ``timing.PRECISION``
+    (``timing.relative_ci``), so quiet points cost few requests and noisy ones get more.
 
     Warm-up first (untimed, every prompt length); every timed request gets a prompt cut from a different place
     in the text and the prefix cache is emptied before it, so nothing is reused. Repeats are the outer loop, so
@@ -125,16 +128,25 @@ def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeat
         wall = time.perf_counter() - start  # what `vllm bench latency` times: the whole generate call
         return request_timing(out) | {"repeat": r, "generate_wall_s": wall} | settings
 
-    rows = []
+    def settled(p: int, n: int) -> bool:
+        mine = [row for row in rows if row["point"] == (p, n)]
+        return all(relative_ci([row[c] for row in mine]) <= PRECISION for c in ("ttft_s", "tpot_s") if n > 1 or c == "ttft_s")
+
+    rows: list[dict[str, Any]] = []
     with tqdm(total=repeats * len(prompt_lengths) * len(output_lengths), desc=desc, unit="req") as bar:
         for r in range(repeats):
             for p in prompt_lengths:
                 for n in output_lengths:
-                    rows.append(timed(p, n, r))
+                    if min_repeats is None or r < min_repeats or not settled(p, n):
+                        rows.append(timed(p, n, r) | {"point": (p, n)})
                     bar.update()
-    df = outliers.remeasure(pd.DataFrame(rows), ["prompt_tokens", "output_tokens"], ["ttft_s", "tpot_s"],
+    df = outliers.remeasure(pd.DataFrame(rows).drop(columns="point"), ["prompt_tokens", "output_tokens"], ["ttft_s", "tpot_s"],
                             lambda row: timed(int(row.prompt_tokens), int(row.output_tokens), int(row["repeat"])))
     print(outliers.report(df, ["ttft_s", "tpot_s"]))
+    if min_repeats is not None:
+        counts = pd.Series([row["point"] for row in rows]).value_counts()
+        print(f"timed requests per point: {counts.min()}–{counts.max()} (at least {min_repeats}, at most {repeats}: "
+              f"a point stops once its median TTFT and TPOT are known to ±{PRECISION:.0%}, 95 % confidence).")
     return df
 
 
@@ -199,10 +211,10 @@ def batch_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def decode_by_width(factors: list[float], prompt_tokens: int = 128, output_tokens: int = 32, repeats: int = 3,
-                    base: str | None = None) -> pd.DataFrame:
+                    base: str | None = None, min_repeats: int | None = None) -> pd.DataFrame:
     """TPOT of the chosen (or ``base``) model made wider (``model.prepare_width_variant``: same layers, random weights):
-    one eager engine per width (fast to start), one cold request at a time. One row per request, with the width, the
-    weight bytes and the bytes one decode step reads (weights + the KV of the average context)."""
+    one engine per width (eager on CPU, fast to start), one cold request at a time. One row per request, with the
+    width, the weight bytes and the bytes one decode step reads (weights + the KV of the average context)."""
     from tqdm.auto import tqdm
 
     from kvlab import roofline
@@ -212,12 +224,12 @@ def decode_by_width(factors: list[float], prompt_tokens: int = 128, output_token
     tables = []
     for factor in tqdm(factors, desc="model widths", unit="model"):
         path = prepare_width_variant(factor, base)
-        llm = make_engine(str(path), enforce_eager=True, enable_prefix_caching=False, kv_cache_gib=0.25,
+        llm = make_engine(str(path), enable_prefix_caching=False, kv_cache_gib=0.25,
                           max_model_len=max(1024, prompt_tokens + output_tokens))
         try:
             cost = roofline.engine_cost(llm)
             hidden = llm.llm_engine.vllm_config.model_config.hf_config.get_text_config().hidden_size
-            df = sweep(llm, [prompt_tokens], [output_tokens], repeats, desc=f"hidden {hidden}")
+            df = sweep(llm, [prompt_tokens], [output_tokens], repeats, min_repeats=min_repeats, desc=f"hidden {hidden}")
         finally:
             close_engine(llm)
         tables.append(df.assign(width_factor=factor, hidden_size=hidden, weight_bytes=cost.weights_read(1),

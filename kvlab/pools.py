@@ -91,7 +91,9 @@ def run_pools(pools: dict[str, tuple[list[int], list[Arrival]]], model: str, eng
                     procs[name] = subprocess.Popen([sys.executable, "-m", "kvlab.pools", str(job_file)], stdout=log,
                                                    stderr=subprocess.STDOUT, env=env, preexec_fn=_pin(cores))
             _wait(procs, logs, lambda: all((folder / f"{n}.ready").exists() for n in pools), start_timeout_s, "start")
-            go.write_text(str(time.time() + 0.5))
+            staged = folder / "go.tmp"  # written whole, then renamed: a pool never reads a half-written start time
+            staged.write_text(str(time.time() + 0.5))
+            staged.replace(go)
             _wait(procs, logs, lambda: all(p.poll() is not None for p in procs.values()), run_timeout_s, "finish")
             return {name: pd.read_pickle(folder / f"{name}.pkl") for name in pools}
         finally:

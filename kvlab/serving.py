@@ -104,20 +104,22 @@ def running_servers() -> list[Any]:
 
 
 def stream_chat(client: Any, messages: list[dict[str, str]], max_tokens: int, label: str = "",
-                t_origin: float | None = None) -> dict[str, Any]:
+                t_origin: float | None = None, cache_salt: str | None = None) -> dict[str, Any]:
     """One streaming chat completion, timed as the client sees it (seconds; token counts from the server's usage).
 
     Exactly ``max_tokens`` output tokens (``ignore_eos``) and greedy, so runs compare. ``t_origin`` (a
     ``time.perf_counter()`` value) puts the request's send/first/last times on a shared clock for traffic runs.
     ``cached_tokens``: the engine's prefix-cache hit (a server started with ``enable_prompt_tokens_details=True``);
     ``answered_by``: "response cache" when a gateway answered from Redis, else "engine"; ``gateway_ms``: the gateway's
-    own time before it asked the engine (or answered from Redis); NaN without a gateway.
+    own time before it asked the engine (or answered from Redis); NaN without a gateway. ``cache_salt``: vLLM's
+    per-request salt, mixed into the first block's hash, so the request shares no prefix-cache block with others.
     """
     origin = time.perf_counter() if t_origin is None else t_origin
     sent = time.perf_counter()
     raw = client.chat.completions.with_raw_response.create(
         model=SERVED_NAME, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True} | ({"cache_salt": cache_salt} if cache_salt else {}))
     stream = raw.parse()
     events: list[float] = []
     text: list[str] = []

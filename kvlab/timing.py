@@ -110,6 +110,20 @@ def p95(values: Iterable[float]) -> float:
     return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
 
 
+#: How well a repeated point's median must be known before it stops repeating (``relative_ci``): ±10 %, 95 % confidence.
+PRECISION = 0.10
+
+
+def relative_ci(values: Iterable[float], z: float = 1.96) -> float:
+    """Half-width of the ~95 % confidence interval of the median, as a share of the median (SE of a median ≈
+    1.2533 × SD ÷ √n). Sizes repeats by what they buy: a tight point stops early, a noisy one gets more."""
+    vals = [v for v in values if v == v]
+    if len(vals) < 2:
+        return float("inf")
+    median = statistics.median(vals)
+    return z * 1.2533 * statistics.stdev(vals) / len(vals) ** 0.5 / abs(median) if median else float("inf")
+
+
 def summarize(df: pd.DataFrame, columns: Iterable[str] = ("ttft_s", "tpot_s", "e2e_s"), by: list[str] | None = None) -> pd.DataFrame:
     """Median and p95 (never a lone mean) of the timing columns, optionally per group. Rows flagged as stalls
     (``outlier`` True, see ``kvlab.outliers``) are left out; ``requests`` counts the rows used."""

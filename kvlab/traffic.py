@@ -77,12 +77,15 @@ def traffic_mix(tokenizer: Any, requests: int, agent_share: float, turns: int, g
     return out
 
 
-def session_turns(client: Any, session: Session, max_tokens: int, t_origin: float | None = None) -> Iterator[dict[str, Any]]:
+def session_turns(client: Any, session: Session, max_tokens: int, t_origin: float | None = None,
+                  salt: str | None = None) -> Iterator[dict[str, Any]]:
     """Send a session's turns one after another, yielding each turn's timing row: an agent waits for each reply, then
-    its next prompt is everything so far plus the reply and that turn's tool result."""
+    its next prompt is everything so far plus the reply and that turn's tool result. With ``salt``, each turn gets
+    its own ``cache_salt`` (``serving.stream_chat``), so no turn reuses an earlier turn's KV."""
     messages = list(session.messages)
     for turn in range(session.turns):
-        row = stream_chat(client, messages, max_tokens, label=session.kind, t_origin=t_origin)
+        row = stream_chat(client, messages, max_tokens, label=session.kind, t_origin=t_origin,
+                          cache_salt=f"{salt}-{turn}" if salt else None)
         yield row | {"kind": session.kind, "turn": turn + 1}
         if turn < session.turns - 1:
             messages += [{"role": "assistant", "content": row["text"]}, {"role": "user", "content": session.growth[turn]}]
@@ -207,12 +210,15 @@ def client_vs_engine(server: Server, sessions: list[Session], max_tokens: int, s
     return df
 
 
-def agent_storm(server: Server, session: Session, max_tokens: int) -> pd.DataFrame:
+def agent_storm(server: Server, session: Session, max_tokens: int, reuse: bool = True) -> pd.DataFrame:
     """One agent loop alone: TTFT, prompt tokens and prompt tokens served from the prefix cache, per turn (the
-    server's counters read after each turn, so each delta is that turn's)."""
+    server's counters read after each turn, so each delta is that turn's). ``reuse=False`` salts every turn
+    differently: the same server then prefills each turn whole, as with prefix caching off."""
+    import uuid
+
     rows = []
     before = metrics.scrape(server.url)
-    for row in session_turns(server.client(), session, max_tokens):
+    for row in session_turns(server.client(), session, max_tokens, salt=None if reuse else uuid.uuid4().hex):
         after = metrics.scrape(server.url)
         d = metrics.delta(before, after)
         before = after

@@ -102,7 +102,8 @@ pd.DataFrame([
 # ## 3. The sweep: TTFT and TPOT vs prompt length
 #
 # One request at a time, warm-up first, each prompt cut from a different place in real text (`data/text/`), exact
-# token lengths, the same number of output tokens each time, several repeats. A request far slower than the others at
+# token lengths, the same number of output tokens each time, three to five repeats (a point stops repeating once its
+# median is known to ±10 %; a noisy point gets more). A request far slower than the others at
 # its prompt length is a **stall** of the shared machine, not the engine (`docs/stalls.md`): the sweep flags it (above
 # its point's median + 5 robust standard deviations, and at least 1.5× the median), measures that point once more,
 # prints how many it flagged, and the percentiles leave the flagged ones out. They are shown below the table, not hidden.
@@ -110,7 +111,7 @@ pd.DataFrame([
 # %%
 prompt_lengths = kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 512, 1024])
 decode_tokens, repeats = kvlab.pick(32, 16), kvlab.pick(5, 3)
-runs = experiments.sweep(llm, prompt_lengths, [decode_tokens], repeats, desc="prompt lengths")
+runs = experiments.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")
 limits = roofline.best_of(limits, roofline.measure_limits(quick=kvlab.quick()))  # the peak seen before or after
 runs = roofline.add_bounds(runs, cost, limits)
 summary = timing.summarize(runs, ["ttft_s", "tpot_s", "prefill_s"], by=["prompt_tokens"])
@@ -161,13 +162,14 @@ eff.round(1)
 # %% [markdown]
 # ## 5. Where the time goes: short vs long prompts × output lengths
 #
-# Now a short and a long prompt, each with a few output lengths. Each bar splits one request's median time into prefill
-# and decode; the label names the phase that dominates.
+# Now a short and a long prompt (2,048 tokens: long enough for prefill to matter, without section 3's slowest prefill
+# nine times over), each with a few output lengths. The engine is warm from section 3, so no warm-up here. Each bar
+# splits one request's median time into prefill and decode; the label names the phase that dominates.
 
 # %%
-split_prompts = [prompt_lengths[0], prompt_lengths[-1]]
+split_prompts = [prompt_lengths[0], kvlab.pick(2048, 1024)]
 split_outputs = kvlab.pick([16, 64, 256], [8, 32])
-split = experiments.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), desc="phase split")
+split = experiments.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), warmup=0, desc="phase split")
 kvlab.plots.phase_split(split).show()
 
 # %% [markdown]
@@ -209,13 +211,13 @@ print(f"client TTFT − engine TTFT: {gap_ms.min():.1f} to {gap_ms.max():.1f} ms
 # weights (the text is gibberish; shapes and times are real) — so a step's fixed work (scheduling, sampling, Python,
 # the kernels launched per layer) stays the same and only the bytes change. If **TPOT = overhead + bytes ÷ bandwidth**,
 # a straight line through (bytes per step, TPOT) gives both: the intercept is the engine's fixed cost per step on this
-# machine, the slope's inverse the bandwidth decode really achieves. Eager engines (fast to start, one per width), one
+# machine, the slope's inverse the bandwidth decode really achieves. One engine per width (eager on CPU), one
 # cold request at a time; the main engine is closed first so nothing else runs.
 
 # %%
 kvlab.close_engine(llm)
 widths = experiments.decode_by_width(kvlab.pick([1, 1.34, 1.67, 2], [1, 1.34, 2]), prompt_tokens=128,
-                                     output_tokens=kvlab.pick(32, 16), repeats=kvlab.pick(5, 3))
+                                     output_tokens=kvlab.pick(32, 16), repeats=kvlab.pick(5, 3), min_repeats=3)
 clean = kvlab.outliers.clean(widths)
 fit = roofline.fit_decode(clean.step_bytes, clean.tpot_s)
 by_width = timing.summarize(widths, ["tpot_s"], by=["hidden_size"]).merge(

@@ -14,7 +14,7 @@
 # it keeps finished KV blocks, keyed by the exact token ids they hold (and everything before them), and a new request
 # reuses the longest run of whole blocks it shares with one already cached.
 #
-# You will measure: cold vs warm TTFT for a realistic 3,000-token prefix, the saving vs prefix length (and why it comes
+# You will measure: cold vs warm TTFT for a realistic 2,300-token prefix, the saving vs prefix length (and why it comes
 # in whole blocks), what breaks a hit (token identity, not meaning), why synthetic unique prompts show zero benefit, a
 # mixed-traffic run, and how all of this differs from an application's response cache.
 
@@ -38,7 +38,7 @@ from kvlab import caching, timing
 llm = kvlab.make_engine(enable_prefix_caching=True)
 tok = llm.get_tokenizer()
 block = kvlab.kv_capacity(llm).block_size
-system = caching.static_prefix(n_tools=kvlab.pick(10, 5))  # 10 of its 13 tools: ~2,900 tokens, a quicker lesson
+system = caching.static_prefix(n_tools=kvlab.pick(7, 5))  # 7 of its 13 tools: ~2,300 tokens, a quicker lesson
 turns = caching.user_turns()
 example = caching.chat_ids(tok, system, turns[0])
 shared = caching.common_prefix(example, caching.chat_ids(tok, system, turns[1]))

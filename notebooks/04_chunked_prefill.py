@@ -41,8 +41,8 @@ from kvlab import workload
 
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model())
 decoders, decoder_tokens = kvlab.pick(4, 3), kvlab.pick(96, 48)
-long_tokens, long_at = kvlab.pick(4096, 2048), kvlab.pick(1.0, 0.5)
-budgets = kvlab.pick([256, 512, 1024, 2048], [256, 1024])
+long_tokens, long_at = kvlab.pick(3072, 2048), kvlab.pick(1.0, 0.5)
+budgets = kvlab.pick([256, 1024, 2048], [256, 1024])
 configs = {"chunked off": {"enable_chunked_prefill": False}}
 configs |= {f"chunks of {b}": {"enable_chunked_prefill": True, "max_num_batched_tokens": b} for b in budgets}
 configs[f"chunks of {max(budgets)} + long threshold 256"] = {"enable_chunked_prefill": True, "max_num_batched_tokens": max(budgets),

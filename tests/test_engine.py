@@ -77,6 +77,11 @@ def test_sweep_rows_are_cold_and_tidy(engine):
     assert set(df.repeat) == {0, 1}
 
 
+def test_sweep_with_min_repeats_stops_between_the_floor_and_the_ceiling(engine):
+    df = kvlab.experiments.sweep(engine, [64], [4], repeats=5, min_repeats=2, desc="test")
+    assert 2 <= len(df[~df.remeasured]) <= 5 and list(df[~df.remeasured].repeat) == list(range(len(df[~df.remeasured])))
+
+
 def test_too_long_prompt_is_refused_before_running(engine):
     with pytest.raises(kvlab.KVLabError, match="exceeds the engine's context"):
         kvlab.experiments.sweep(engine, [8190], [10], repeats=1)

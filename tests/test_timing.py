@@ -54,3 +54,10 @@ def test_summarize_reports_median_and_p95_per_group():
     assert s.loc["a", "ttft_s_p50"] == 2 and s.loc["b", "ttft_s_p50"] == 5
     assert s.loc["a", "ttft_s_p95"] == pytest.approx(8.3)
     assert s.loc["a", "requests"] == 3
+
+
+def test_relative_ci_is_narrow_for_a_tight_point_wide_for_a_noisy_one_and_shrinks_with_repeats():
+    tight, noisy = [0.100, 0.101, 0.099], [0.10, 0.13, 0.08]
+    assert timing.relative_ci(tight) < timing.PRECISION < timing.relative_ci(noisy)
+    assert timing.relative_ci(noisy * 4) < timing.relative_ci(noisy)  # same spread, more repeats: a narrower interval
+    assert timing.relative_ci([0.1]) == float("inf")  # one value: nothing known about its spread
