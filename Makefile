@@ -18,7 +18,7 @@ preview: setup  ## the course's pages from the notebooks as written, no executio
 
 test: export KVLAB_EXTRAS = dev,ray
 test: setup browser redis
-	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax
+	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax --durations=20
 
 setup:
 	@bash scripts/setup.sh

@@ -62,12 +62,29 @@ def connect(address: str) -> bool:
                  num_cpus=os.cpu_count(), log_to_driver=False, logging_level="WARNING")
         return True
     try:
+        _check_reachable(address)
         ray.init(address=address, log_to_driver=False, logging_level="WARNING")
     except (ConnectionError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KVLabError(f"Could not reach a Ray cluster at {address!r} ({first}); start one with `ray start --head` "
                          "(see kvlab/raygrid.py) or use --ray local.") from None
     return True
+
+
+def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """For ``ray://HOST:PORT``: one TCP connect first, so a wrong address fails in seconds, not after the Ray client's
+    retries with back-off (about 30 s measured). Raises ConnectionError when nothing listens there."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not address.startswith("ray://"):
+        return
+    parts = urlsplit(address)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 10001), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ConnectionError(exc.strerror or type(exc).__name__) from None
 
 
 def placement() -> dict[str, Any]:

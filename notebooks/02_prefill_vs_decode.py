@@ -168,7 +168,7 @@ eff.round(1)
 
 # %%
 split_prompts = [prompt_lengths[0], kvlab.pick(2048, 1024)]
-split_outputs = kvlab.pick([16, 64, 256], [8, 32])
+split_outputs = kvlab.pick([8, 32, 128], [8, 32])
 split = experiments.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), warmup=0, desc="phase split")
 kvlab.plots.phase_split(split).show()
 

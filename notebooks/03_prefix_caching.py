@@ -73,7 +73,7 @@ px.strip(cw, x="cache", y=cw.ttft_s * 1e3, color="cache", title="TTFT with the p
 # last block also holds suffix tokens, so it differs and a whole block is recomputed.
 
 # %%
-lengths = [k * block for k in kvlab.pick([2, 4, 8, 16, 24], [2, 8])]
+lengths = [k * block for k in kvlab.pick([2, 4, 8, 16], [2, 8])]
 lengths_and_one_short = sorted(set(lengths + [length - 1 for length in lengths]))
 sweep = caching.prefix_length_sweep(llm, lengths_and_one_short, suffix_tokens=32, repeats=kvlab.pick(3, 2))
 by_len = sweep.groupby(["prefix_tokens", "cache"]).agg(ttft_ms=("ttft_s", lambda x: 1e3 * x.median()), cached=("cached_tokens", "median")).unstack("cache")
@@ -139,7 +139,7 @@ assert (unique.cached_tokens == 0).all()
 # caching off). Hit rate from the engine's own counters.
 
 # %%
-n_requests = kvlab.pick(12, 10)
+n_requests = 10
 mixed_on, counters_on = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=True)
 mixed_off, counters_off = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=False)
 mixed = pd.concat([mixed_on, mixed_off])
@@ -173,7 +173,7 @@ server = serving.start_server(enable_prefix_caching=True, enable_prompt_tokens_d
                               max_model_len=4096)
 cache_server = RedisServer().start()
 gw = gateway.Gateway(server.url, server.model, cache_server.redis_url, ttl_s=600).start()
-asked, short_system = turns[: kvlab.pick(3, 2)], caching.static_prefix(n_tools=5)  # 5 tool schemas: a quicker cold prefill
+asked, short_system = turns[: kvlab.pick(2, 1)], caching.static_prefix(n_tools=5)  # 5 tool schemas: a quicker cold prefill
 edits = {"paraphrased": caching.edited_prompts(short_system, "paraphrase", len(asked)),
          "version bumped": caching.edited_prompts(short_system, "version bump", len(asked))}
 paths = gateway.three_paths(gw.client(), short_system, asked, max_tokens=8, variants=edits)

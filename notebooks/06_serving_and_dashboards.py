@@ -180,7 +180,7 @@ cache_server.stop()
 # demand: about the same either way. The TTFT percentiles and the prompt tokens sent per second tell the real story.
 
 # %%
-n_requests, rate = kvlab.pick(30, 12), kvlab.pick(1.0, 1.5)
+n_requests, rate = kvlab.pick(24, 12), kvlab.pick(1.0, 1.5)
 agent_turns, growth, out_tokens = kvlab.pick(5, 3), kvlab.pick(400, 300), 24
 mixes = {"chat only": traffic.traffic_mix(tok, n_requests, 0.0, agent_turns, growth, tools=1),
          "chat + agents": traffic.traffic_mix(tok, n_requests, 0.25, agent_turns, growth, tools=1, seed=1)}

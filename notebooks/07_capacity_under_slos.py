@@ -103,7 +103,7 @@ print(f"saturation throughput with {user_counts[-1]} users: {saturation:.2f} req
 # capacity is above that saturation (measured: 16 users saturated at 6.8 req/s, yet an open loop kept up with 10.2)
 fractions = kvlab.pick([0.25, 0.5, 1.0, 1.25, 1.5], [0.5, 1.0, 2.0])
 rates = [round(f * saturation, 2) for f in fractions]
-sweep = capacity.run_open_loop(llm, maker, rates, seconds=kvlab.pick(8, 5), min_requests=kvlab.pick(12, 8))
+sweep = capacity.run_open_loop(llm, maker, rates, seconds=kvlab.pick(6, 5), min_requests=kvlab.pick(12, 8))
 table = slo.rate_table(sweep, objective)
 sustainable, knee = slo.max_sustainable_rate(table), slo.knee(table)
 columns = ["rate_rps", "requests", "throughput_rps", "goodput_rps", "attainment", "ttft_p50_ms", f"ttft_{q}_ms",
@@ -183,7 +183,7 @@ assert growth[open_name] > 0.5 and growth[open_name] > growth[closed_name] + 0.5
 
 # %%
 chat_rate = round(0.4 * saturation, 2)
-window_s, batch_jobs = kvlab.pick(10, 8), 4
+window_s, batch_jobs = kvlab.pick(10, 6), 4
 mix = capacity.Mix(batch_prompt_tokens=1200)
 
 

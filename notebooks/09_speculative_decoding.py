@@ -87,7 +87,7 @@ assert most < passes.index[-1] * one / 2  # verifying k + 1 tokens costs well un
 # Greedy, each request alone, streamed chunk by chunk (TPOT from the first to the last chunk, ITL between chunks).
 
 # %%
-requests, max_tokens = kvlab.pick(4, 2), kvlab.pick(96, 64)
+requests, max_tokens = kvlab.pick(3, 2), kvlab.pick(96, 64)
 runs = [speculative.run_tasks(base, list(speculative.TASKS), requests, max_tokens, k=0)]
 runs[0].groupby("task")[["prompt_tokens", "output_tokens", "client_tpot_s"]].median().round(4)
 
@@ -142,14 +142,14 @@ print(f"best: {best.task} at k = {best.k}: acceptance {best.acceptance_rate:.0%}
 # computes several positions at once, which sums floating-point numbers in another order than one-at-a-time decoding;
 # when two candidate tokens are nearly tied the other one can win, and the answers part from there. How often depends
 # on the precision: bfloat16 keeps 8 bits of mantissa, float32 24. So we count twice: in this run's dtype, and — where
-# that is not float32 — in float32 on the first two requests of each task (two more small engines). Where an answer differs, the first
+# that is not float32 — in float32 on the first requests of each task (two in full mode; two more small engines). Where an answer differs, the first
 # differing position is shown.
 
 # %%
 same = pd.concat([speculative.same_outputs(runs[runs.k == 0], runs[runs.k == k]).assign(k=k) for k in ks], ignore_index=True)
 share = same.identical.mean()
 print(f"{run_dtype}: {same.identical.sum()} of {len(same)} answers identical token for token ({share:.0%})")
-exact = same if run_dtype == "float32" else speculative.identity_check("float32", 4, list(speculative.TASKS), min(requests, 2), max_tokens)
+exact = same if run_dtype == "float32" else speculative.identity_check("float32", 4, list(speculative.TASKS), min(requests, kvlab.pick(2, 1)), max_tokens)
 exact_share = exact.identical.mean()
 print(f"float32: {exact.identical.sum()} of {len(exact)} identical ({exact_share:.0%})")
 differ = same[~same.identical]

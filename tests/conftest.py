@@ -20,6 +20,15 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def second_model():
+    """The second architecture (Qwen2 layout, random weights, made locally): the model most lab tests run, so one
+    CI run per lab covers both the lab and the course beyond its own model (tests/test_second_model.py)."""
+    from kvlab import model
+
+    return model.prepare_second_model()
+
+
+@pytest.fixture(scope="session")
 def model_dir():
     """The prepared, verified default model folder."""
     import kvlab

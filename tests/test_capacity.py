@@ -10,6 +10,7 @@ import pytest
 
 from kvlab import capacity, labs, pools, workload
 from kvlab.errors import KVLabError
+from kvlab.model import SECOND_MODEL
 
 
 @pytest.mark.engine
@@ -63,15 +64,17 @@ def test_lab_l07_bad_input_is_one_sentence_naming_the_parameter(given, message):
 
 
 @pytest.mark.notebook
-def test_lab_l07_finds_the_sustainable_rate_and_writes_tidy_results(tmp_path):
+def test_lab_l07_finds_the_sustainable_rate_and_writes_tidy_results(tmp_path, second_model):
+    """On the second model (its one CI run, see tests/test_second_model.py); the results writer's safety to run twice
+    is lab L01's test."""
     import papermill as pm
 
     out = tmp_path / "out"
     params = {"rates": [0.5, 1.5], "saturation_users": 8, "seconds_per_rate": 4.0, "min_requests": 8, "chat_share": 0.8,
-              "batch_share": 0.2, "batch_prompt_tokens": 400, "scheduling_policy": "priority", "output_dir": str(out)}
-    for _ in range(2):  # safe to run twice: the second run overwrites the first
-        pm.execute_notebook(str(labs.lab_path("L07_slo_capacity")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                            parameters=params, progress_bar=False, kernel_name="python3")
+              "batch_share": 0.2, "batch_prompt_tokens": 400, "scheduling_policy": "priority", "model": SECOND_MODEL,
+              "output_dir": str(out)}
+    pm.execute_notebook(str(labs.lab_path("L07_slo_capacity")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters=params, progress_bar=False, kernel_name="python3")
     results = pd.read_parquet(out / "results.parquet")
     rates = pd.read_csv(out / "rates.csv")
     cap = pd.read_csv(out / "capacity.csv").iloc[0]
@@ -81,4 +84,5 @@ def test_lab_l07_finds_the_sustainable_rate_and_writes_tidy_results(tmp_path):
     assert cap.saturation_rps > 0 and cap.slo_ttft_ms > 0 and cap.knee_rps in set(rates.rate_rps)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["parameters"]["rates"] == [0.5, 1.5] and meta["engine"]["scheduling_policy"] == "priority"
+    assert meta["parameters"]["model"] == SECOND_MODEL
     assert (out / "capacity.html").exists() and (out / "calibration.csv").exists()

@@ -12,6 +12,7 @@ import pytest
 
 from kvlab import config, labs
 from kvlab.errors import KVLabError
+from kvlab.model import SECOND_MODEL
 
 REFERENCE = config.REPO_ROOT / "data" / "reference" / "cpu"
 
@@ -133,20 +134,22 @@ def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
 
 
 @pytest.mark.notebook
-def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch):
+def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch, second_model):
     import papermill as pm
 
     monkeypatch.setenv("KVLAB_QUICK", "1")
     out = tmp_path / "out"
     executed = tmp_path / "run.ipynb"
     pm.execute_notebook(str(labs.lab_path("L02_ttft_tpot_sweep")), str(executed), cwd=str(labs.LAB_DIR),
-                        parameters={"prompt_lengths": [64, 512, 1024], "output_lengths": [4, 8], "repeats": 3, "output_dir": str(out)},
+                        parameters={"prompt_lengths": [64, 512, 1024], "output_lengths": [4, 8], "repeats": 3, "model": SECOND_MODEL,
+                                    "output_dir": str(out)},
                         progress_bar=False, kernel_name="python3")
     df = pd.read_parquet(out / "results.parquet")
     meta = json.loads((out / "metadata.json").read_text())
     ran, asked = meta["parameters"], meta["parameters_asked"]
     # metadata.json states what ran — and the rows agree with it, point by point
     assert ran["prompt_lengths"] == [64, 512] and ran["output_lengths"] == [4] and ran["repeats"] == 2 and meta["quick_mode"]
+    assert ran["model"] == SECOND_MODEL
     assert set(df.prompt_tokens) == set(ran["prompt_lengths"]) and set(df.output_tokens) == set(ran["output_lengths"])
     assert (df.groupby(["prompt_tokens", "output_tokens"]).size() == ran["repeats"]).all()
     assert len(df) == len(ran["prompt_lengths"]) * len(ran["output_lengths"]) * ran["repeats"]
@@ -161,46 +164,50 @@ def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch):
 
 
 @pytest.mark.notebook
-def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path):
+def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path, second_model):
     import papermill as pm
 
     out = tmp_path / "out"
     pm.execute_notebook(str(labs.lab_path("L03_prefix_cache_delta")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters={"prefix_tokens": 512, "suffix_tokens": 32, "requests": 4, "shared_fraction": 0.75, "output_dir": str(out)},
-                        progress_bar=False, kernel_name="python3")
+                        parameters={"prefix_tokens": 512, "suffix_tokens": 32, "requests": 4, "shared_fraction": 0.75,
+                                    "model": SECOND_MODEL, "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
     df = pd.read_parquet(out / "results.parquet")
     summary = pd.read_csv(out / "summary.csv").set_index("caching")
     assert set(df.caching) == {"on", "off"} and len(df) == 8
     assert summary.token_hit_rate["off"] == 0 and summary.token_hit_rate["on"] > 0
     assert (df[(df.caching == "on") & (df.label == "unique")].cached_tokens == 0).all()
     assert "ttft_p50_delta_ms" in summary.columns
+    assert json.loads((out / "metadata.json").read_text())["parameters"]["model"] == SECOND_MODEL
 
 
 @pytest.mark.notebook
-def test_lab_l04_compares_chunked_prefill_configs(tmp_path):
+def test_lab_l04_compares_chunked_prefill_configs(tmp_path, second_model):
     import papermill as pm
 
     out = tmp_path / "out"
     pm.execute_notebook(str(labs.lab_path("L04_chunked_prefill")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
                         parameters={"decoders": 2, "decoder_output_tokens": 24, "long_prompt_tokens": 1024, "long_arrival_s": 0.3,
-                                    "budgets": [128], "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
+                                    "budgets": [128], "model": SECOND_MODEL, "output_dir": str(out)}, progress_bar=False,
+                        kernel_name="python3")
     df = pd.read_parquet(out / "results.parquet").set_index("config")
     assert list(df.index) == ["chunked off", "chunks of 128"]
     assert df.decoder_itl_p50_ms["chunks of 128"] < df.decoder_itl_p50_ms["chunked off"]  # the median: one stall of a shared machine is not the engine
     assert (out / "tokens.parquet").exists() and (out / "tradeoff.html").exists()
+    assert json.loads((out / "metadata.json").read_text())["parameters"]["model"] == SECOND_MODEL
 
 
 @pytest.mark.notebook
-def test_lab_l05_batch_sweep(tmp_path):
+def test_lab_l05_batch_sweep(tmp_path, second_model):
     import papermill as pm
 
     out = tmp_path / "out"
     pm.execute_notebook(str(labs.lab_path("L05_batch_sweep")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters={"batch_sizes": [1, 8], "output_tokens": 16, "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
+                        parameters={"batch_sizes": [1, 8], "output_tokens": 16, "model": SECOND_MODEL, "output_dir": str(out)},
+                        progress_bar=False, kernel_name="python3")
     s = pd.read_csv(out / "summary.csv").set_index("batch_size")
     assert s.decode_tok_s[8] > s.decode_tok_s[1]
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["engine"]["kv_capacity"]["tokens"] > 0
+    assert meta["engine"]["kv_capacity"]["tokens"] > 0 and meta["parameters"]["model"] == SECOND_MODEL
 
 
 @pytest.mark.parametrize("lab", labs.all_labs(), ids=lambda lab: lab.name)

@@ -97,20 +97,21 @@ def test_budget_table_counts_hits_predictions_and_joins_the_engine_counters():
 
 
 @pytest.mark.notebook
-def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counters(tmp_path):
-    """Lab L08 headless, twice (safe to re-run): its own cell asserts the events against the engine's counters."""
+def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counters(tmp_path, second_model):
+    """Lab L08 headless on the second model (its one CI run, see tests/test_second_model.py): its own cell asserts the
+    events against the engine's counters."""
     import json
 
     import pandas as pd
     import papermill as pm
 
     from kvlab import labs
+    from kvlab.model import SECOND_MODEL
 
     out = tmp_path / "out"
-    params = {"budgets": [0.6, 1.0], "requests": 10, "output_dir": str(out)}
-    for _ in range(2):
-        pm.execute_notebook(str(labs.lab_path("L08_kv_budget")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                            parameters=params, progress_bar=False, kernel_name="python3")
+    params = {"budgets": [0.6, 1.0], "requests": 10, "model": SECOND_MODEL, "output_dir": str(out)}
+    pm.execute_notebook(str(labs.lab_path("L08_kv_budget")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters=params, progress_bar=False, kernel_name="python3")
     budgets = pd.read_csv(out / "budgets.csv").sort_values("budget_blocks")
     results, events = pd.read_parquet(out / "results.parquet"), pd.read_csv(out / "events.csv")
     small, large = budgets.iloc[0], budgets.iloc[-1]
@@ -120,6 +121,7 @@ def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counte
     assert set(results.budget_blocks) == set(budgets.budget_blocks) == set(events.budget_blocks)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["parameters"]["budgets"] == [0.6, 1.0] and meta["engine"]["block_size"] > 0
+    assert meta["parameters"]["model"] == SECOND_MODEL
     assert (out / "hit_rate.html").exists()
 
 

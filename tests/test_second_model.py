@@ -1,5 +1,6 @@
 """The course beyond its own model: a second architecture (Qwen2 layout: q/k/v biases, 8 query heads on 2 KV heads,
-24 layers, random weights, made locally) through lessons 00-02 and every lab, unedited, in quick mode."""
+24 layers, random weights, made locally) through lessons 00-02 and every lab, unedited, in quick mode. Labs whose own
+test already runs them on this model (``ELSEWHERE``) are not run twice: one run per lab covers both."""
 
 from __future__ import annotations
 
@@ -13,11 +14,20 @@ from kvlab import config, labs, model
 
 pytestmark = pytest.mark.notebook
 SECOND = model.SECOND_MODEL
+#: Labs whose own test runs them on the second model, with that test's assertions (and where it lives).
+ELSEWHERE = {"L02_ttft_tpot_sweep": "test_labs.py", "L03_prefix_cache_delta": "test_labs.py",
+             "L04_chunked_prefill": "test_labs.py", "L05_batch_sweep": "test_labs.py",
+             "L06_traffic_mix": "test_serving.py", "L07_slo_capacity": "test_capacity.py", "L08_kv_budget": "test_paged.py"}
+#: Smaller sizes for the labs run here (documented lab parameters, no edit of the lab): the code paths, in less time.
+SIZES = {"L09_speculative": {"ks": [4], "batch_sizes": [1, 4]}}
 
 
-@pytest.fixture(scope="module")
-def second_model():
-    return model.prepare_second_model()
+def test_every_lab_runs_on_the_second_model_here_or_in_its_own_test():
+    here = set(labs.list_labs()) - set(ELSEWHERE)
+    assert set(ELSEWHERE) <= set(labs.list_labs()) and here | set(ELSEWHERE) == set(labs.list_labs())
+    for lab, test_file in ELSEWHERE.items():  # the test named runs that lab with the second model
+        source = (config.REPO_ROOT / "tests" / test_file).read_text()
+        assert f'"{lab}"' in source and '"model": SECOND_MODEL' in source, (lab, test_file)
 
 
 def test_the_second_model_is_another_family_with_another_head_layout(second_model):
@@ -56,7 +66,7 @@ def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_pa
         assert "prefill is compute-bound from" in text
 
 
-@pytest.mark.parametrize("lab", labs.list_labs())
+@pytest.mark.parametrize("lab", [lab for lab in labs.list_labs() if lab not in ELSEWHERE])
 def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch):
     import papermill as pm
 
@@ -64,7 +74,7 @@ def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch
     out = tmp_path / "out"
     model_param = str(second_model) if lab.startswith("L01") else SECOND  # L01 plans from a config, the rest run it
     pm.execute_notebook(str(labs.lab_path(lab)), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR), progress_bar=False,
-                        kernel_name="python3", parameters={"model": model_param, "output_dir": str(out)})
+                        kernel_name="python3", parameters={"model": model_param, "output_dir": str(out)} | SIZES.get(lab, {}))
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["parameters"]["model"] == model_param
     assert len(pd.read_parquet(out / "results.parquet")) > 0

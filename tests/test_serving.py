@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 
@@ -101,15 +102,19 @@ def test_server_not_healthy_in_time_is_stopped():
 
 
 @pytest.mark.notebook
-def test_lab_l06_traffic_mix(tmp_path):
-    """Through the gateway (Redis response cache, an input cap that sends the agents' later turns down the batch lane);
-    the lab's defaults, without a gateway, run in test_second_model."""
+def test_lab_l06_traffic_mix(tmp_path, second_model):
+    """Through the gateway (Redis response cache, an input cap that sends the agents' later turns down the batch lane),
+    on the second model (the lab's one CI run, see tests/test_second_model.py); lesson 06 runs the course model without
+    a gateway."""
     import papermill as pm
+
+    from kvlab.model import SECOND_MODEL
 
     out = tmp_path / "out"
     pm.execute_notebook(str(labs.lab_path("L06_traffic_mix")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
                         parameters={"requests": 12, "agent_share": 0.25, "agent_turns": 3, "growth_tokens": 300,
-                                    "rate_per_s": 1.5, "response_cache": True, "input_cap": 1500, "output_dir": str(out)},
+                                    "rate_per_s": 1.5, "response_cache": True, "input_cap": 1500, "model": SECOND_MODEL,
+                                    "output_dir": str(out)},
                         progress_bar=False, kernel_name="python3")
     assert not serving.running_servers()
     df = pd.read_parquet(out / "results.parquet")
@@ -125,6 +130,7 @@ def test_lab_l06_traffic_mix(tmp_path):
     assert (dash.requests == 12).all() and dash.loc["chat + agents", "prompt tokens"] > dash.loc["chat only", "prompt tokens"]
     assert {"response-cache hit rate", "prefix cache hit rate"} <= set(dash.columns)  # both hit rates, per mix
     assert dash.loc["chat only", "sent down the batch lane"] == 0 < dash.loc["chat + agents", "sent down the batch lane"]
+    assert json.loads((out / "metadata.json").read_text())["parameters"]["model"] == SECOND_MODEL
 
 
 def test_lab_l06_refuses_bad_parameters():
