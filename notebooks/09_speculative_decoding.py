@@ -128,7 +128,10 @@ fig.show()
 # %%
 acc = spec.pivot_table(index="k", columns="task", values="acceptance_rate")
 print("acceptance rate by task and k:\n" + acc.round(2).to_string())
-assert (acc["edit"] > acc["chat"]).all() and (acc["code"] > acc["chat"]).all()
+if kvlab.config.model_name() == kvlab.DEFAULT_MODEL:  # a model that copies its input; random weights do not
+    assert (acc["edit"] > acc["chat"]).all() and (acc["code"] > acc["chat"]).all()
+else:
+    print(f"(The check that edit and code beat chat is skipped: it holds for the course model, and this is {kvlab.config.model_name()}.)")
 best = spec.loc[spec.speedup.idxmax()]
 chat = spec[spec.task == "chat"]
 print(f"best: {best.task} at k = {best.k}: acceptance {best.acceptance_rate:.0%}, TPOT {best.tpot_p50_ms:.1f} ms "
