@@ -1,7 +1,7 @@
 """The engine factory: one function that builds a vLLM ``LLM`` with the right settings for the platform.
 
 CPU (the tested path): in-process engine, the dtype the CPU runs fastest (``model_dtype``: bf16 where the CPU has
-native bf16, else float32), an explicit KV budget (reproducible capacity),
+native bf16 and it measures faster, else float32), an explicit KV budget (reproducible capacity),
 stats on (per-request timestamps exist), eager in quick mode. GPU: vLLM's defaults, plus stats on.
 vLLM's own log lines go to a file under the build folder, never into a learner's notebook.
 """
@@ -9,6 +9,7 @@ vLLM's own log lines go to a file under the build folder, never into a learner's
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -79,12 +80,50 @@ def _tolerant_kernel_scan() -> None:
 
 #: CPU flags that mean native bf16 arithmetic (AVX-512 BF16 dot products, AMX tiles).
 NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
+#: bf16 is chosen only where a bf16 matrix multiply also measures at least this much faster than float32 here.
+BF16_MIN_SPEEDUP = 1.1
 
 
-def model_dtype(flags: set[str] | None = None) -> tuple[str, str]:
+@functools.lru_cache(maxsize=1)
+def bf16_gemm_speedup() -> float:
+    """float32 time ÷ bf16 time of one prefill-shaped matrix multiply (512×1024 by 1024×2048) on this CPU: whether
+    the flags' bf16 is fast here, measured (~0.5 s, once per machine: cached in the model cache by CPU and torch)."""
+    import json
+
+    import torch
+
+    from kvlab.envinfo import _cpu_model_and_flags
+
+    key = f"{_cpu_model_and_flags()} torch {torch.__version__} threads {torch.get_num_threads()}"
+    path = config.cache_dir() / "bf16-gemm.json"
+    with contextlib.suppress(OSError, ValueError):
+        known = json.loads(path.read_text())
+        if known.get("key") == key:
+            return float(known["speedup"])
+
+    def median_s(dtype: torch.dtype) -> float:
+        x, w = torch.randn(512, 1024).to(dtype), torch.randn(2048, 1024).to(dtype)
+        torch.nn.functional.linear(x, w)  # warm-up
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(4):
+                torch.nn.functional.linear(x, w)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[2]
+
+    speedup = median_s(torch.float32) / median_s(torch.bfloat16)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "speedup": speedup}))
+    return speedup
+
+
+def model_dtype(flags: set[str] | None = None, speedup: float | None = None) -> tuple[str, str]:
     """The dtype the engine runs the model in on this machine, and why. On a GPU: the model's own (vLLM's "auto").
-    On a CPU with native bf16: bfloat16 (measured faster than float32: TTFT 898 vs 1,365 ms at 1,024 tokens, TPOT 24.7
-    vs 43.0 ms); without it bf16 is emulated and 3-4x slower than float32. ``KVLAB_DTYPE`` overrides."""
+    On a CPU with native bf16 flags whose bf16 matrix multiply also measures faster (``bf16_gemm_speedup``):
+    bfloat16 (measured faster than float32: TTFT 898 vs 1,365 ms at 1,024 tokens, TPOT 24.7 vs 43.0 ms); without
+    native bf16 it is emulated and 3-4x slower than float32. ``KVLAB_DTYPE`` overrides."""
     asked = config.dtype_choice()
     if asked != "auto":
         return asked, "set by KVLAB_DTYPE"
@@ -93,9 +132,13 @@ def model_dtype(flags: set[str] | None = None) -> tuple[str, str]:
     from kvlab.envinfo import cpu_flags
 
     have = sorted(set(NATIVE_BF16) & (cpu_flags() if flags is None else flags))
-    if have:
-        return "bfloat16", f"this CPU has native bf16 ({', '.join(have)}), faster than float32 here"
-    return "float32", "this CPU has no native bf16 (no avx512_bf16/amx_bf16): float32 is 3-4x faster than emulated bf16"
+    if not have:
+        return "float32", "this CPU has no native bf16 (no avx512_bf16/amx_bf16): float32 is 3-4x faster than emulated bf16"
+    speedup = bf16_gemm_speedup() if speedup is None else speedup
+    if speedup < BF16_MIN_SPEEDUP:
+        return "float32", (f"this CPU has native bf16 ({', '.join(have)}) but a bf16 matrix multiply measured only "
+                           f"{speedup:.2f}x float32's speed here")
+    return "bfloat16", f"this CPU has native bf16 ({', '.join(have)}): a bf16 matrix multiply measured {speedup:.1f}x float32's speed here"
 
 
 def engine_defaults(quick: bool | None = None) -> dict[str, Any]:

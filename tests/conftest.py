@@ -3,10 +3,58 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 os.environ.setdefault("KVLAB_QUICK", "1")
+_CLOCK = {"start": time.monotonic(), "module_start": time.monotonic()}
+_CPU_SEEN: dict[int, float] = {}
+
+
+def pytest_report_header(config):
+    """The machine this run is on (CPU, cores, memory, the dtype chosen): what a slow CI run is read against."""
+    from kvlab import engine, envinfo
+
+    report = envinfo.env_report()
+    keys = ("cpu", "cpu flags (vector/matrix)", "cores usable", "memory total / available", "vllm")
+    return [f"{k}: {report[k]}" for k in keys] + ["model dtype: {} ({})".format(*engine.model_dtype())]
+
+
+def _busy_processes(seconds: float) -> str:
+    """Processes alive now that used over a fifth of a core since the last module ended (a leaked engine or server
+    spinning shows here), with the CPU seconds they used."""
+    import psutil
+
+    busy = []
+    for proc in psutil.process_iter(["pid", "name", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is None or proc.info["pid"] == os.getpid():
+            continue
+        used = times.user + times.system
+        since = used - _CPU_SEEN.get(proc.info["pid"], 0.0)
+        _CPU_SEEN[proc.info["pid"]] = used
+        if since > 0.2 * seconds:
+            busy.append(f"{proc.info['name']}[{proc.info['pid']}] {since:.0f} s")
+    return ", ".join(busy) or "none"
+
+
+def pytest_sessionstart(session):
+    _busy_processes(float("inf"))  # CPU used before the run is not counted
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """After a test file's last test: one line with its time, the run's time so far, load and busy processes."""
+    yield
+    module = item.nodeid.split("::")[0]
+    if nextitem is None or nextitem.nodeid.split("::")[0] != module:
+        now = time.monotonic()
+        took, _CLOCK["module_start"] = now - _CLOCK["module_start"], now
+        terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line(f"  [{module}: {took:.0f} s; {(now - _CLOCK['start']) / 60:.1f} min so far; load "
+                                f"{os.getloadavg()[0]:.1f}; busy others: {_busy_processes(took)}]")
 
 
 @pytest.fixture(scope="session")

@@ -42,8 +42,10 @@ def test_dtype_follows_the_cpus_bf16_flags_and_the_override(monkeypatch):
 
     monkeypatch.delenv("KVLAB_DTYPE", raising=False)
     monkeypatch.setattr(engine, "on_gpu", lambda: False)
-    assert engine.model_dtype({"avx512f", "avx512_bf16"})[0] == "bfloat16"
-    assert engine.model_dtype({"amx_bf16", "amx_tile"})[0] == "bfloat16"
+    assert engine.model_dtype({"avx512f", "avx512_bf16"}, speedup=2.3)[0] == "bfloat16"
+    assert engine.model_dtype({"amx_bf16", "amx_tile"}, speedup=5.0)[0] == "bfloat16"
+    dtype, why = engine.model_dtype({"avx512_bf16"}, speedup=0.4)  # flags say bf16, its multiply is slow: float32
+    assert dtype == "float32" and "measured only 0.40x" in why
     dtype, why = engine.model_dtype({"avx2", "avx512f", "avx512_vnni"})
     assert dtype == "float32" and "no native bf16" in why
     monkeypatch.setenv("KVLAB_DTYPE", "float32")
@@ -52,3 +54,19 @@ def test_dtype_follows_the_cpus_bf16_flags_and_the_override(monkeypatch):
     monkeypatch.setenv("KVLAB_DTYPE", "fp33")
     with pytest.raises(KVLabError, match="is not one of auto, float32"):
         engine.model_dtype()
+
+
+def test_bf16_speed_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
+    import json
+
+    from kvlab import engine
+
+    monkeypatch.setenv("KVLAB_CACHE_DIR", str(tmp_path))
+    engine.bf16_gemm_speedup.cache_clear()
+    measured = engine.bf16_gemm_speedup()
+    saved = json.loads((tmp_path / "bf16-gemm.json").read_text())
+    assert measured > 0 and saved["speedup"] == measured and "torch" in saved["key"]
+    (tmp_path / "bf16-gemm.json").write_text(json.dumps(saved | {"speedup": 0.5}))  # a later process reads the file
+    engine.bf16_gemm_speedup.cache_clear()
+    assert engine.bf16_gemm_speedup() == 0.5
+    engine.bf16_gemm_speedup.cache_clear()
