@@ -31,3 +31,16 @@ def test_build_notebook_00_writes_html_and_index(tmp_path):
     for noise in (" INFO ", "WARNING", "Loading safetensors", "it/s]", "Triton"):
         assert noise not in shown, f"learners would see {noise!r}"
     assert "Paris" in shown
+
+
+def test_course_and_grid_kernels_talk_over_ipc_sockets_not_tcp(tmp_path, capfd):
+    """The kernels papermill starts for ``make course`` and lab grids listen on Unix sockets, not TCP ports."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from ipykernel.kernelapp import IPKernelApp\napp = IPKernelApp.instance()\nprint(app.transport, app.shell_port)")])
+    source = tmp_path / "probe.ipynb"
+    nbformat.write(nb, source)
+    executed = nbformat.read(course.execute(source, tmp_path / "out"), as_version=4)
+    assert executed.cells[0].outputs[0]["text"].split()[0] == "ipc"
+    assert "without encryption" not in capfd.readouterr().err  # ipykernel's warning about plain TCP

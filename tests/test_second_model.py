@@ -19,7 +19,8 @@ ELSEWHERE = {"L02_ttft_tpot_sweep": "test_labs.py", "L03_prefix_cache_delta": "t
              "L04_chunked_prefill": "test_labs.py", "L05_batch_sweep": "test_labs.py",
              "L06_traffic_mix": "test_serving.py", "L07_slo_capacity": "test_capacity.py", "L08_kv_budget": "test_paged.py"}
 #: Smaller sizes for the labs run here (documented lab parameters, no edit of the lab): the code paths, in less time.
-SIZES = {"L09_speculative": {"ks": [4], "batch_sizes": [1, 4]}}
+SIZES = {"L09_speculative": {"tasks": ["edit", "chat"], "ks": [4], "requests": 1, "batch_sizes": [1, 4],
+                             "batch_output_tokens": 32}}
 
 
 def test_every_lab_runs_on_the_second_model_here_or_in_its_own_test():
