@@ -1,4 +1,6 @@
-"""The course's main job on notebook 00: papermill execution, HTML page, index; no vLLM noise shown."""
+"""The course's main job on notebook 00: papermill execution, HTML page, index; no vLLM noise shown. The build runs
+the second model (``KVLAB_MODEL``): this one run is also lesson 00's run beyond the course model
+(tests/test_second_model.py); nbval runs lesson 00 on the course model, with its check for 'Paris'."""
 
 import json
 
@@ -9,7 +11,10 @@ from kvlab import course
 pytestmark = pytest.mark.notebook
 
 
-def test_build_notebook_00_writes_html_and_index(tmp_path):
+def test_build_notebook_00_writes_html_and_index(tmp_path, second_model, monkeypatch):
+    from kvlab.model import SECOND_MODEL
+
+    monkeypatch.setenv("KVLAB_MODEL", SECOND_MODEL)  # the kernel papermill starts inherits it
     nb = course.lessons()[0]
     assert nb.name == "00_setup_and_first_tokens.ipynb"
     index, runs = course.build([nb], tmp_path)
@@ -30,7 +35,7 @@ def test_build_notebook_00_writes_html_and_index(tmp_path):
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs), "progress widget shown"
     for noise in (" INFO ", "WARNING", "Loading safetensors", "it/s]", "Triton"):
         assert noise not in shown, f"learners would see {noise!r}"
-    assert "Paris" in shown
+    assert SECOND_MODEL in shown and "check for 'Paris' is skipped" in shown  # the environment report names the model
 
 
 def test_course_and_grid_kernels_talk_over_ipc_sockets_not_tcp(tmp_path, capfd):

@@ -1,6 +1,7 @@
 """The course beyond its own model: a second architecture (Qwen2 layout: q/k/v biases, 8 query heads on 2 KV heads,
 24 layers, random weights, made locally) through lessons 00-02 and every lab, unedited, in quick mode. Labs whose own
-test already runs them on this model (``ELSEWHERE``) are not run twice: one run per lab covers both."""
+test already runs them on this model (``ELSEWHERE``) are not run twice: one run per lab covers both; lesson 00's run
+with this model is the course build's (tests/test_course.py)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,12 @@ def outputs_text(executed) -> str:
                    for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 
-@pytest.mark.parametrize("lesson", ["00_setup_and_first_tokens", "01_kv_cache_by_hand", "02_prefill_vs_decode"])
+def test_lesson_00_runs_with_the_second_model_in_the_course_build():
+    source = (config.REPO_ROOT / "tests" / "test_course.py").read_text()
+    assert 'setenv("KVLAB_MODEL", SECOND_MODEL)' in source and "check for 'Paris' is skipped" in source
+
+
+@pytest.mark.parametrize("lesson", ["01_kv_cache_by_hand", "02_prefill_vs_decode"])
 def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_path, monkeypatch):
     import papermill as pm
 
@@ -59,8 +65,6 @@ def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_pa
                         progress_bar=False, kernel_name="python3")
     text = outputs_text(executed)
     assert SECOND in text  # the environment report names the model that ran
-    if lesson.startswith("00"):
-        assert "check for 'Paris' is skipped" in text
     if lesson.startswith("01"):  # variants follow the chosen model: MHA = its 8 query heads; ratios 2/8 and 2/1
         assert "MHA copy (8 KV heads)" in text and "formula 0.250×" in text and "formula 2.000×" in text
     if lesson.startswith("02"):
