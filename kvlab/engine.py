@@ -87,14 +87,15 @@ BF16_MIN_SPEEDUP = 1.1
 @functools.lru_cache(maxsize=1)
 def bf16_gemm_speedup() -> float:
     """float32 time ÷ bf16 time of one prefill-shaped matrix multiply (512×1024 by 1024×2048) on this CPU: whether
-    the flags' bf16 is fast here, measured (~0.5 s, once per machine: cached in the model cache by CPU and torch)."""
+    the flags' bf16 is fast here, measured (~0.5 s, once per machine: cached in the model cache by CPU and torch, not
+    by thread count, so processes pinned to fewer cores (``kvlab.pools``) read the same answer, not a new one)."""
     import json
 
     import torch
 
     from kvlab.envinfo import _cpu_model_and_flags
 
-    key = f"{_cpu_model_and_flags()} torch {torch.__version__} threads {torch.get_num_threads()}"
+    key = f"{_cpu_model_and_flags()} torch {torch.__version__}"
     path = config.cache_dir() / "bf16-gemm.json"
     with contextlib.suppress(OSError, ValueError):
         known = json.loads(path.read_text())

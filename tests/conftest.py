@@ -14,11 +14,11 @@ _CPU_SEEN: dict[int, float] = {}
 
 def pytest_report_header(config):
     """The machine this run is on (CPU, cores, memory, the dtype chosen): what a slow CI run is read against."""
-    from kvlab import engine, envinfo
+    from kvlab import envinfo
 
     report = envinfo.env_report()
-    keys = ("cpu", "cpu flags (vector/matrix)", "cores usable", "memory total / available", "vllm")
-    return [f"{k}: {report[k]}" for k in keys] + ["model dtype: {} ({})".format(*engine.model_dtype())]
+    keys = ("cpu", "cpu flags (vector/matrix)", "cores usable", "memory total / available", "vllm", "model dtype")
+    return [f"{k}: {report[k]}" for k in keys]
 
 
 def _busy_processes(seconds: float) -> str:
