@@ -142,6 +142,45 @@ def model_dtype(flags: set[str] | None = None, speedup: float | None = None) -> 
     return "bfloat16", f"this CPU has native bf16 ({', '.join(have)}): a bf16 matrix multiply measured {speedup:.1f}x float32's speed here"
 
 
+def resolved_dtype(model: str | None = None, config_dtype: str | None = None, bf16_supported: bool | None = None) -> str:
+    """The dtype (torch name) the engine will run ``model`` in here, before any engine starts: KV Lab's choice where it
+    sets one (CPU, ``KVLAB_DTYPE``); on a GPU what vLLM's "auto" makes of the config's dtype — float32 (or none) becomes
+    bfloat16, or float16 on a GPU without bf16 (T4, V100), and bfloat16 becomes float16 there
+    (``vllm/config/model.py``, ``_resolve_auto_dtype``). Machine limits are measured in it (``roofline.measure_limits``)."""
+    chosen = model_dtype()[0]
+    if chosen != "auto":
+        return chosen
+    if config_dtype is None:
+        from kvlab.model import load_config
+
+        cfg = load_config(model)
+        config_dtype = str(getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32")
+    config_dtype = config_dtype.replace("torch.", "")
+    if bf16_supported is None:
+        import torch
+
+        bf16_supported = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if config_dtype in ("float32", "float", "bfloat16"):
+        return "bfloat16" if bf16_supported else "float16"
+    return config_dtype
+
+
+def fp8_kv_unsupported(head_dim: int, flags: set[str] | None = None) -> str | None:
+    """Why this vLLM cannot keep an fp8 KV cache for a model with ``head_dim`` here, in one sentence, or None if it
+    can. On a CPU its attention stores fp8 only with AVX-512 or AMX, and only for head sizes divisible by 32 among
+    those divisible by 16 (``vllm/v1/attention/backends/cpu_attn.py``, ``_get_attn_isa``); on a GPU vLLM decides."""
+    if on_gpu():
+        return None
+    if head_dim % 32 != 0 and head_dim % 16 == 0:
+        return (f"vLLM's CPU attention keeps an fp8 KV cache only for head sizes divisible by 32, and this model's "
+                f"head_dim is {head_dim}")
+    from kvlab.envinfo import cpu_flags
+
+    if not {"avx512f", "amx_tile"} & (cpu_flags() if flags is None else flags):
+        return "vLLM's CPU attention keeps an fp8 KV cache only on x86 CPUs with AVX-512 or AMX, and this CPU has neither"
+    return None
+
+
 def engine_defaults(quick: bool | None = None) -> dict[str, Any]:
     """The engine arguments KV Lab sets for this platform (anything passed to make_engine wins)."""
     quick = config.quick() if quick is None else quick

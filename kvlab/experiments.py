@@ -31,10 +31,13 @@ def repeat_chat(llm: Any, question: str, repeats: int, max_tokens: int, warmup: 
     return timing_table(outputs, max_tokens=max_tokens, cold=cold), outputs
 
 
-def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: str = "bfloat16",
+def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: str | None = None,
                    kv_cache_dtype: str = "auto", keep: bool = False, **engine_args: Any) -> tuple[dict[str, Any], Any]:
     """Start an engine with a fixed KV budget and compare its reported capacity with the hand formula.
 
+    ``dtype`` defaults to the machine's (``engine.model_dtype``: on a GPU the model's own, which vLLM turns into float16
+    where bf16 is unsupported, ``vllm/config/model.py`` ``_resolve_auto_dtype``; on a CPU without native bf16,
+    float32); the hand formula uses the dtype the engine reports, not the one asked for.
     Returns one tidy row — hand vs engine bytes/token, blocks, tokens and (for sliding-window layers, where vLLM
     reserves more than the window) sequences of ``max_model_len`` that fit, as ``sizing.vllm_kv_plan`` computes
     them — and the engine if ``keep`` (else it is closed). Eager mode: this measures memory, not speed.
@@ -45,18 +48,21 @@ def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: s
 
     path = resolve_model(model)
     arch = sizing.load_arch(path)
-    llm = make_engine(path, kv_cache_gib=kv_cache_gib, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                      **({"enforce_eager": True, "max_model_len": 2048} | engine_args))
+    asked = {"dtype": dtype} if dtype else {}
+    llm = make_engine(path, kv_cache_gib=kv_cache_gib, kv_cache_dtype=kv_cache_dtype,
+                      **({"enforce_eager": True, "max_model_len": 2048} | asked | engine_args))
     cap = kv_capacity(llm)
     vcfg = llm.llm_engine.vllm_config
-    kv_dtype = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    model_dtype = str(vcfg.model_config.dtype).replace("torch.", "")
+    kv_dtype = model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     per_token = sizing.bytes_per_token(arch, kv_dtype)
     budget = kv_cache_gib * sizing.GiB
     step_tokens = int(vcfg.scheduler_config.max_num_batched_tokens)
     plan = sizing.vllm_kv_plan(arch, budget, cap.max_model_len, kv_dtype, cap.block_size, step_tokens,
                                vcfg.max_concurrent_batches)
     engine_blocks_per_request = cap.num_blocks / cap.max_concurrency
-    row = {"model": arch.name, "attention": arch.attention, "kv_heads": arch.kv_heads, "kv_dtype": kv_dtype,
+    row = {"model": arch.name, "attention": arch.attention, "kv_heads": arch.kv_heads, "model_dtype": model_dtype,
+           "kv_dtype": kv_dtype,
            "sliding_layers": arch.sliding_layers, "sliding_window": arch.sliding_window or 0,
            "max_model_len": cap.max_model_len, "max_num_batched_tokens": step_tokens,
            "hand_bytes_per_token": per_token, "engine_bytes_per_token": cap.bytes_per_token,

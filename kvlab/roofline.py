@@ -102,7 +102,8 @@ def measure_limits(dtype: str | None = None, quick: bool = False, model: str | N
     A fresh process, because a CPU engine pins its threads to cores in the process that runs it, after which
     torch's own matmuls there run slower and the "peak" would be too low (the bound too slow). Best of several
     tries per shape, over square shapes and the chosen model's own MLP shapes (``model``: default the chosen one).
-    ``dtype`` defaults to the one ``make_engine`` uses here (``engine.model_dtype``; bfloat16 on GPU).
+    ``dtype`` defaults to the one the engine will run the model in here (``engine.resolved_dtype``: on a GPU without
+    bf16, float16 — a bf16 "peak" there would be an emulated one, far too low, and the bound too slow).
     On a shared machine call it more than once and keep ``best_of`` the results.
     """
     import json
@@ -110,9 +111,9 @@ def measure_limits(dtype: str | None = None, quick: bool = False, model: str | N
     import sys
 
     if dtype is None:
-        from kvlab.engine import engine_defaults
+        from kvlab.engine import resolved_dtype
 
-        dtype = engine_defaults().get("dtype", "bfloat16")  # "auto" (GPU) is not passed: the model's dtype
+        dtype = resolved_dtype(model)
     extra = tuple(model_shapes(model))
     code = f"import json, kvlab.roofline as r; print(json.dumps(r._measure_here({dtype!r}, {quick!r}, {extra!r}).as_dict()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)

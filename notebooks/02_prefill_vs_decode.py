@@ -93,10 +93,15 @@ pd.DataFrame([
 ]).round(1)
 
 # %% [markdown]
-# On a GPU the ridge is ~50× higher than on this CPU: short prompts there are bound by reading the weights, not by
-# arithmetic — an 8B model's 16-token prompt needs ~0.24 ms of compute on an H100 but ~4.5 ms to read 15 GB of
-# weights. The sweep below starts at 128 tokens, past this machine's threshold, so every bound in it is a compute bound
-# (the bound column says which applied).
+# The higher a machine's ridge, the longer the prompts that are bound by reading the weights rather than by
+# arithmetic. An 8B model's 16-token prompt on an H100, from the datasheet:
+
+# %%
+short = 16
+print(f"Llama-3.1-8B, {short}-token prompt on the {gpu.device}: {llama8b.prefill_flops(short) / gpu.matmul_flops * 1e3:.2f} ms "
+      f"of compute, {llama8b.prefill_bytes(short) / gpu.bandwidth * 1e3:.1f} ms to read {llama8b.prefill_bytes(short) / 1e9:.0f} GB "
+      f"of weights. Its ridge is {roofline.ridge_point(gpu) / ridge:.0f}× this machine's ({ridge:.0f} FLOP/byte here); "
+      f"here prompts shorter than {from_tokens:,} tokens are bound by the weight read, longer ones by arithmetic.")
 
 # %% [markdown]
 # ## 3. The sweep: TTFT and TPOT vs prompt length

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,14 +41,75 @@ def _busy_processes(seconds: float) -> str:
     return ", ".join(busy) or "none"
 
 
+def _available_gib() -> float:
+    """Memory available now (GiB): a run short of memory (an engine's worker killed) shows here before it hangs."""
+    import psutil
+
+    return psutil.virtual_memory().available / 2**30
+
+
 def pytest_sessionstart(session):
     _busy_processes(float("inf"))  # CPU used before the run is not counted
 
 
+def python_stacks(pids: list[int]) -> str:
+    """Every thread's Python stack in each process (py-spy, which reads a process without stopping it for long): where
+    a hung notebook kernel, vLLM engine core or worker waits, which pytest-timeout's own dump (pytest only) can't show."""
+    import shutil
+    import subprocess
+    import sys
+
+    import psutil
+
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    parts = []
+    for pid in pids:
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())[:160]
+            done = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            parts.append(f"--- pid {pid}: {cmd}\n{done.stdout or done.stderr}")
+        except (OSError, subprocess.SubprocessError, psutil.Error) as err:
+            parts.append(f"--- pid {pid}: no stack ({err})")
+    return "\n".join(parts)
+
+
+def _dump_if_hung(config, nodeid: str, after: float) -> None:
+    """Print the stacks of this run's Python processes on the terminal, live (past pytest's capture, so they are in
+    the log even if the whole run is killed)."""
+    import psutil
+
+    me = psutil.Process()
+    pids = [me.pid]
+    for proc in me.children(recursive=True):  # by executable: vLLM renames its processes (VLLM::EngineCore)
+        try:
+            if "python" in Path(proc.exe()).name:
+                pids.append(proc.pid)
+        except psutil.Error:
+            pass
+    text = (f"\n=== {nodeid} still running after {after:.0f} s (memory available {_available_gib():.1f} GiB): the "
+            f"Python stacks of this run's processes ===\n"
+            f"{python_stacks(pids)}\n=== end of stacks ===")
+    terminal, capture = (config.pluginmanager.get_plugin(name) for name in ("terminalreporter", "capturemanager"))
+    if terminal is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # the test's thread is stuck: nothing else writes meanwhile
+            terminal.write_line(text, flush=True)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """After a test file's last test: one line with its time, the run's time so far, load and busy processes."""
+    """A test still running at 80 % of pytest-timeout's limit prints every process's Python stack (the kernel's and
+    vLLM's, not only pytest's); after a test file's last test: its time, the run's time so far, load, busy processes."""
+    try:
+        after = 0.8 * float(item.config.getini("timeout") or 0)
+    except ValueError:  # pytest-timeout not installed: no limit, no watchdog
+        after = 0.0
+    watchdog = threading.Timer(after, _dump_if_hung, (item.config, item.nodeid, after)) if after > 0 else None
+    if watchdog is not None:
+        watchdog.daemon = True
+        watchdog.start()
     yield
+    if watchdog is not None:
+        watchdog.cancel()
     module = item.nodeid.split("::")[0]
     if nextitem is None or nextitem.nodeid.split("::")[0] != module:
         now = time.monotonic()
@@ -54,7 +117,8 @@ def pytest_runtest_protocol(item, nextitem):
         terminal = item.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.write_line(f"  [{module}: {took:.0f} s; {(now - _CLOCK['start']) / 60:.1f} min so far; load "
-                                f"{os.getloadavg()[0]:.1f}; busy others: {_busy_processes(took)}]")
+                                f"{os.getloadavg()[0]:.1f}; memory available {_available_gib():.1f} GiB; "
+                                f"busy others: {_busy_processes(took)}]")
 
 
 @pytest.fixture(scope="session")

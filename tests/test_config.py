@@ -56,6 +56,38 @@ def test_dtype_follows_the_cpus_bf16_flags_and_the_override(monkeypatch):
         engine.model_dtype()
 
 
+def test_the_dtype_limits_are_measured_in_is_the_one_the_engine_will_run(monkeypatch):
+    """On a GPU, vLLM's "auto" (config/model.py _resolve_auto_dtype): float32 configs run in the first supported
+    16-bit type, bf16 configs fall back to float16 where bf16 is unsupported; float16 stays. Set dtypes win."""
+    from kvlab import engine
+
+    monkeypatch.delenv("KVLAB_DTYPE", raising=False)
+    monkeypatch.setattr(engine, "on_gpu", lambda: True)
+    assert engine.resolved_dtype(config_dtype="torch.bfloat16", bf16_supported=True) == "bfloat16"
+    assert engine.resolved_dtype(config_dtype="bfloat16", bf16_supported=False) == "float16"  # a T4 or V100
+    assert engine.resolved_dtype(config_dtype="float32", bf16_supported=True) == "bfloat16"
+    assert engine.resolved_dtype(config_dtype="float32", bf16_supported=False) == "float16"
+    assert engine.resolved_dtype(config_dtype="float16", bf16_supported=True) == "float16"
+    monkeypatch.setenv("KVLAB_DTYPE", "float32")
+    assert engine.resolved_dtype(config_dtype="bfloat16", bf16_supported=True) == "float32"
+
+
+def test_fp8_kv_support_follows_vllms_cpu_attention_rules(monkeypatch):
+    """vLLM 0.32's CPU attention (cpu_attn.py, _get_attn_isa): fp8 KV needs AVX-512 or AMX, and a head size that is
+    a multiple of 32 when it is one of 16 (80, 112, 160 are refused; 64, 128, 72 pass)."""
+    from kvlab import engine
+
+    monkeypatch.setattr(engine, "on_gpu", lambda: False)
+    assert engine.fp8_kv_unsupported(64, {"avx2", "avx512f"}) is None
+    assert engine.fp8_kv_unsupported(128, {"amx_tile", "amx_bf16"}) is None
+    assert engine.fp8_kv_unsupported(72, {"avx512f"}) is None
+    assert "head_dim is 80" in engine.fp8_kv_unsupported(80, {"avx512f"})
+    assert "head_dim is 112" in engine.fp8_kv_unsupported(112, {"amx_tile"})
+    assert "AVX-512 or AMX" in engine.fp8_kv_unsupported(64, {"avx2"})
+    monkeypatch.setattr(engine, "on_gpu", lambda: True)
+    assert engine.fp8_kv_unsupported(80, set()) is None  # on a GPU vLLM decides
+
+
 def test_bf16_speed_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
     import json
 
