@@ -70,10 +70,12 @@ px.strip(cw, x="cache", y=cw.ttft_s * 1e3, color="cache", title="TTFT with the p
 #
 # Now a shared prefix of several lengths (real text, exact token counts) plus a short unique suffix. The cache reuses
 # **whole blocks** only. A prefix that ends exactly on a block boundary is reused entirely; one token shorter and the
-# last block also holds suffix tokens, so it differs and a whole block is recomputed.
+# last block also holds suffix tokens, so it differs and a whole block is recomputed. The check: at the longest prefix
+# the warm request saves at least half of what the prefix adds to a cold TTFT (a fixed ratio such as "warm is under
+# half of cold" holds on a CPU, not for a small model on a GPU, whose fixed cost per step dwarfs its prefill).
 
 # %%
-lengths = [k * block for k in kvlab.pick([2, 4, 8, 16], [2, 8])]
+lengths = sorted({max(2, tokens // block) * block for tokens in kvlab.pick([256, 512, 1024, 2048], [256, 1024])})  # whole blocks
 lengths_and_one_short = sorted(set(lengths + [length - 1 for length in lengths]))
 sweep = caching.prefix_length_sweep(llm, lengths_and_one_short, suffix_tokens=32, repeats=kvlab.pick(3, 2))
 by_len = sweep.groupby(["prefix_tokens", "cache"]).agg(ttft_ms=("ttft_s", lambda x: 1e3 * x.median()), cached=("cached_tokens", "median")).unstack("cache")
@@ -93,8 +95,10 @@ fig.update_layout(title="TTFT vs shared prefix length (medians)", xaxis_title="s
 fig.show()
 longest = lengths[-1]
 ratio_longest = by_len.ttft_ms_warm[longest] / by_len.ttft_ms_cold[longest]
-print(f"longest prefix ({longest:,} tokens): warm/cold = {ratio_longest:.2f}")
-assert ratio_longest <= 0.5, ratio_longest
+grown = by_len.ttft_ms_cold[longest] - by_len.ttft_ms_cold[lengths[0]]  # the part of cold TTFT the prefix adds
+print(f"longest prefix ({longest:,} tokens): warm/cold = {ratio_longest:.2f}; the cache saved {by_len.saved_ms[longest]:.0f} ms "
+      f"there, while cold TTFT grew by {grown:.0f} ms from {lengths[0]:,} to {longest:,} tokens")
+assert by_len.saved_ms[longest] >= 0.5 * grown > 0, (by_len.saved_ms[longest], grown)  # the cache removes what the prefix adds
 assert (by_len.cached_warm.loc[lengths] == lengths).all()
 assert (by_len.cached_warm.loc[[n - 1 for n in lengths]].values == [n - block for n in lengths]).all()
 
