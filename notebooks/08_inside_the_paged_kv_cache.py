@@ -45,14 +45,15 @@ print(cap)
 # %% [markdown]
 # ## 2. One request's blocks
 #
-# A prompt of 3 blocks + 17 tokens. Only **full** blocks are cached (their hash covers their tokens and their whole
-# prefix): the engine stores ⌊tokens ÷ block size⌋ = 3 of them, and the last 17 tokens — a partial block — never are.
+# A prompt of 3 blocks and part of a fourth (17 tokens with 128-token blocks). Only **full** blocks are cached (their
+# hash covers their tokens and their whole prefix): the engine stores ⌊tokens ÷ block size⌋ = 3 of them, and the
+# partial block never is.
 # This is lesson 03's block granularity, seen from inside.
 
 # %%
 from kvlab.prompts import distinct_prompts, prompt_of_length
 
-ids = prompt_of_length(tok, 3 * B + 17)
+ids = prompt_of_length(tok, 3 * B + B // 8 + 1)  # 3 full blocks + a partial one, whatever the block size
 before = prefix_counters(llm)
 first = paged.run_sequential(llm, [("first", ids), ("again", ids)], max_tokens=2)
 sub.wait_quiet()
