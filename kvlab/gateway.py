@@ -103,13 +103,16 @@ def create_app(upstream: str, tokenizer: str, redis_url: str | None = None, inpu
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-    from transformers import AutoTokenizer
 
     from kvlab.prompts import chat_template_ids
 
     if over_cap not in OVER_CAP:
         raise KVLabError(f"over_cap must be one of {', '.join(OVER_CAP)}, got {over_cap!r}.")
-    tok = AutoTokenizer.from_pretrained(tokenizer)
+    tok = None
+    if input_cap:  # only a cap needs to count tokens; loading transformers and the tokenizer is most of a start (~4 s)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
     registry = CollectorRegistry()
     requests = Counter("kvlab_gateway_requests", "Chat requests by what answered them", ["route"], registry=registry)
     cache = Counter("kvlab_gateway_response_cache", "Response-cache lookups by result", ["result"], registry=registry)
