@@ -28,7 +28,10 @@ env = kvlab.print_env()
 #
 # `kvlab.serving.start_server()` runs `python -m vllm.entrypoints.openai.api_server` with the course's engine settings,
 # bound to **127.0.0.1** on a free port, and waits until `/health` answers. Running this cell again stops the previous
-# server first; the server also stops when the kernel exits. Its log goes to a file, not here.
+# server first; the server also stops when the kernel exits. Its log goes to a file, not here. One difference from the
+# in-process engine of lessons 00–05: on a CPU the server runs the model in a worker process and keeps one core per
+# worker for its scheduler (`vllm/utils/ompmultiprocessing.py`, `reserve_cpu_num`), so on a machine with few cores
+# its steps are slower than those lessons' (`docs/stalls.md` has the numbers for a 2-core machine).
 
 # %%
 from kvlab import serving

@@ -22,8 +22,10 @@
 # **How the load is driven.** The requests go to the in-process engine through a driver that admits each one at its
 # arrival time between engine steps, as vLLM's API server hands requests to its engine core, and timestamps every token
 # on the client's clock. It measures what the server of lesson 06 would, minus the HTTP hop (a few ms there), and
-# without a server start per configuration. Every latency here counts from the request's **arrival**, so it includes the
-# time spent queued: the user's wait.
+# without a server start per configuration — with one difference on a CPU: the server keeps a core for its scheduler
+# and computes on the rest (lesson 06), so on a 2-core machine its steps are slower and its knee would come at a lower
+# rate than here. Every latency here counts from the request's **arrival**, so it includes the time spent queued: the
+# user's wait.
 
 # %%
 import kvlab
