@@ -220,12 +220,18 @@ def make_engine(model: str | None = None, **engine_args: Any) -> LLM:
     args = engine_arguments(**engine_args)
     vllm = import_vllm()
     t0 = time.perf_counter()
+    # vLLM collects garbage three times while it starts, then freezes its heap (vllm/utils/gc_utils.py freeze_gc_heap);
+    # with this process's heap frozen first, those collections skip the objects already here: 2.6 -> 1.2 s per start,
+    # measured. vLLM's shutdown unfreezes everything again (vllm/v1/engine/core.py shutdown), so nothing stays frozen.
+    gc.freeze()
     try:
         with quiet():
             llm = vllm.LLM(target, **args)
     except KVLabError:
+        gc.unfreeze()  # no engine, so no shutdown to unfreeze the heap
         raise
     except Exception as exc:  # noqa: BLE001 - translated into one sentence, original kept in the log
+        gc.unfreeze()
         raise _explain_start_failure(exc, target, args) from None
     llm.kvlab_settings = {"model": target, **{k: str(v) for k, v in args.items()}}
     config.note_startup("engine", time.perf_counter() - t0)
@@ -318,13 +324,13 @@ def kv_capacity(llm: LLM) -> KVCapacity:
 
 
 def close_engine(llm: LLM | None) -> None:
-    """Shut an engine down and give its memory back (before building another configuration)."""
+    """Shut an engine down and give its memory back (before building another configuration). vLLM's shutdown already
+    unfreezes its heap and collects garbage (``vllm/v1/engine/core.py`` ``shutdown`` → ``cleanup_dist_env_and_memory``);
+    one more full collection here cost 0.44 s per engine and returned nothing more (measured over five engines)."""
     if llm is None:
         return
     with quiet(), contextlib.suppress(Exception):
         llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
 
 
 def chat(llm: LLM, question: str, max_tokens: int = 32, **sampling: Any):  # noqa: ANN201 - RequestOutput

@@ -54,9 +54,12 @@ def test_kv_budget_too_small_names_largest_context_and_fixes():
 
 
 def test_unknown_hub_model_is_one_sentence(monkeypatch):
+    import gc
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(kvlab.KVLabError, match=r"Could not find model 'kvlab-test/no-such-model'.*KVLAB_MODEL"):
         kvlab.make_engine("kvlab-test/no-such-model", enforce_eager=True)
+    assert gc.get_freeze_count() == 0  # make_engine freezes the heap to start faster; a failed start unfreezes it
 
 
 def test_stream_timing_matches_engine_and_gives_every_gap(engine):
