@@ -45,6 +45,7 @@ def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: s
     from kvlab import sizing
     from kvlab.engine import close_engine, kv_capacity, make_engine
     from kvlab.model import resolve_model
+    from kvlab.roofline import engine_dtype
 
     path = resolve_model(model)
     arch = sizing.load_arch(path)
@@ -53,7 +54,7 @@ def capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: s
                       **({"enforce_eager": True, "max_model_len": 2048} | asked | engine_args))
     cap = kv_capacity(llm)
     vcfg = llm.llm_engine.vllm_config
-    model_dtype = str(vcfg.model_config.dtype).replace("torch.", "")
+    model_dtype = engine_dtype(llm)
     kv_dtype = model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     per_token = sizing.bytes_per_token(arch, kv_dtype)
     budget = kv_cache_gib * sizing.GiB

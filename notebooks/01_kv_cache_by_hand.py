@@ -257,7 +257,7 @@ else:
     fp8_row, fp8_llm = experiments.capacity_check(None, kv_cache_gib=1.0, kv_cache_dtype="fp8", keep=True)
     fp8_answers = tasks.run_tasks(fp8_llm)
     kvlab.close_engine(fp8_llm)
-    capacity_ratio, expected_ratio = fp8_row["engine_tokens"] / base_row["engine_tokens"], sizing.DTYPE_BYTES[base_kv]
+    capacity_ratio, expected_ratio = fp8_row["engine_tokens"] / base_row["engine_tokens"], sizing.dtype_bytes(base_kv)
     assert abs(fp8_row["difference_blocks"]) <= 1 and abs(capacity_ratio - expected_ratio) < 0.01 * expected_ratio, capacity_ratio
     print(f"{base_kv} KV: {base_row['engine_tokens']:,} tokens; fp8 KV: {fp8_row['engine_tokens']:,} tokens "
           f"({capacity_ratio:.2f}×, {expected_ratio:g} bytes per element against 1)")
