@@ -12,6 +12,7 @@ from kvlab import (  # noqa: E402
     grid,
     labs,
     metrics,
+    model,
     outliers,
     plots,
     prompts,
@@ -41,7 +42,7 @@ def setup_notebook() -> None:
 
 
 __all__ = [
-    "caching", "config", "exercises", "experiments", "grid", "labs", "metrics", "outliers", "plots", "prompts", "results", "roofline", "serving", "sizing", "tasks", "timing", "traffic",
+    "caching", "config", "exercises", "experiments", "grid", "labs", "metrics", "model", "outliers", "plots", "prompts", "results", "roofline", "serving", "sizing", "tasks", "timing", "traffic",
     "widgets", "workload",
     "DEFAULT_MODEL", "KVCapacity", "KVLabError", "chat", "close_engine", "env_report", "kv_capacity",
     "make_engine", "model_facts", "pick", "prepare_default_model", "print_env", "quick", "resolve_model", "setup_notebook", "show_short_errors",

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from kvlab.config import REPO_ROOT
+from kvlab.errors import KVLabError
 
 PREFIX_DIR = REPO_ROOT / "data" / "prefix"
 VERSION_TAG = "Policy version: 2026-11-01."
@@ -24,6 +25,17 @@ def static_prefix(n_tools: int | None = None) -> str:
     system = (PREFIX_DIR / "system_prompt.md").read_text(encoding="utf-8").strip()
     tools = json.loads((PREFIX_DIR / "tools.json").read_text())["tools"][:n_tools]
     return f"{system}\n\n# Tools\n{json.dumps(tools)}"
+
+
+def tools_that_fit(tokenizer: Any, wanted: int, context: int, room: int = 64) -> int:
+    """How many tool schemas the static prefix can carry, up to ``wanted``, so that it, the longest user turn and
+    ``room`` output tokens fit in ``context`` tokens: all ``wanted`` on most models, fewer on a short-context one."""
+    longest = max(user_turns(), key=len)
+    for n in range(wanted, -1, -1):
+        if len(chat_ids(tokenizer, static_prefix(n), longest)) + room <= context:
+            return n
+    raise KVLabError(f"Even the system prompt without tools and one question do not fit a context of {context:,} tokens; "
+                     "choose a model with a longer context (KVLAB_MODEL).")
 
 
 def user_turns() -> list[str]:

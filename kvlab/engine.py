@@ -247,10 +247,27 @@ _MODEL_MISSING = ("repo id", "repository not found", "does not appear to have", 
                   "not a valid model identifier", "hfvalidationerror", "localentrynotfound", "cached snapshot", "no such file")
 
 
+_TOO_LONG = re.compile(r"max_model_len \((\d+)\) is greater than the derived max_model_len \((\w+)=(\d+)")
+
+
+def explain_context_too_long(text: str) -> str | None:
+    """One sentence for vLLM's refusal of a ``max_model_len`` beyond the model's own context (``vllm/config/model.py``,
+    ``_get_and_verify_max_len``), or None when ``text`` is not that refusal."""
+    found = _TOO_LONG.search(text)
+    if not found:
+        return None
+    asked, field, limit = int(found.group(1)), found.group(2), int(float(found.group(3)))
+    return (f"max_model_len={asked:,} is longer than this model's context of {limit:,} tokens ({field} in its "
+            f"config.json); ask for at most {limit:,} (kvlab.model.fit_context does), or choose a model with a longer context.")
+
+
 def _explain_start_failure(exc: Exception, model: str, args: dict[str, Any]) -> KVLabError:
     """Turn an exception from deep inside vLLM into one sentence a learner can act on."""
     text = f"{type(exc).__name__}: {exc}"
     logging.getLogger("vllm").error("engine start failed: %s", text)
+    too_long = explain_context_too_long(text)
+    if too_long:
+        return KVLabError(too_long)
     low = text.lower()
     if "kv cache" in low and ("max_model_len" in low or "max model len" in low or "larger than" in low):
         fit, want = _FITS.search(text), _WANTED.search(text)
@@ -337,5 +354,8 @@ def chat(llm: LLM, question: str, max_tokens: int = 32, **sampling: Any):  # noq
     """Ask one chat question greedily (temperature 0 unless overridden) and return vLLM's RequestOutput."""
     from vllm import SamplingParams
 
+    from kvlab.prompts import chat_template
+
     params = SamplingParams(**({"temperature": 0.0, "max_tokens": max_tokens} | sampling))
-    return llm.chat([{"role": "user", "content": question}], params, use_tqdm=False)[0]
+    template = chat_template(llm.get_tokenizer())  # None: the model's own
+    return llm.chat([{"role": "user", "content": question}], params, use_tqdm=False, chat_template=template)[0]

@@ -155,6 +155,8 @@ def resolve_model(name: str | None = None) -> str:
         return str(prepare_default_model())
     if name.lower() == SECOND_MODEL.lower():
         return str(prepare_second_model())
+    if name.lower() == BASE_MODEL.lower():
+        return str(prepare_base_model())
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
@@ -200,11 +202,20 @@ def max_context(model: str | None = None) -> int | None:
     return getattr(text, "max_position_embeddings", None) or getattr(text, "seq_length", None)
 
 
+def fit_context(wanted: int, model: str | None = None) -> int:
+    """The context (tokens) to start an engine with when a lesson wants ``wanted``: that, or the chosen model's own
+    context where it is shorter (GPT-2: 1,024; OPT: 2,048), so the lesson sizes its prompts to fit instead of failing."""
+    limit = max_context(model)
+    return min(wanted, int(limit)) if limit else wanted
+
+
 def _save_random_model(target: Path, make_config: Callable[[], Any], tokenizer_from: str, stamp: dict) -> Path:
     """Build a model with random weights (seed 0, bf16: half the disk) from a config, save it with a tokenizer into
     ``target`` atomically (temporary folder, then rename: never half-written), and stamp it."""
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    import transformers.utils.logging  # noqa: F401 - loaded first, so quiet() can switch its progress bars off
+
     try:
         with quiet():
             import torch
@@ -247,9 +258,13 @@ def prepare_variant(label: str, base: str | None = None, **overrides: object) ->
 
 def prepare_kv_variant(kv_heads: int, base: str | None = None) -> Path:
     """The chosen (or ``base``) model with ``kv_heads`` KV heads — its query-head count for MHA, 1 for MQA."""
-    heads = load_config(base).get_text_config().num_attention_heads
+    cfg = load_config(base)
+    heads = cfg.get_text_config().num_attention_heads
     if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1 or heads % kv_heads:
         raise KVLabError(f"kv_heads={kv_heads!r} must divide the {heads} query heads (e.g. {heads} for MHA, 1 for MQA).")
+    if not kv_heads_configurable(base):
+        raise KVLabError(f"{(cfg.architectures or [cfg.model_type])[0]} has no setting for fewer KV heads (one K and V "
+                         "head per query head in every layer), so a copy with other KV heads cannot be built from it.")
     return prepare_variant(f"kv{kv_heads}", base, num_key_value_heads=kv_heads)
 
 
@@ -264,10 +279,20 @@ def prepare_sliding_variant(window: int, base: str | None = None) -> Path:
                            layer_types=["sliding_attention"] * layers)
 
 
+#: Config fields that set the MLP's width, by family: Llama/Qwen/Mistral/Gemma, OPT, GPT-2/GPT-J (None there means
+#: 4 × hidden, which follows the hidden size by itself), Falcon.
+MLP_WIDTH_FIELDS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
+#: Fields that must stay equal to the hidden size when it changes (OPT projects embeddings of another width in and out).
+HIDDEN_TWIN_FIELDS = ("word_embed_proj_dim",)
+
+
 def width_overrides(factor: float, base: str | None = None) -> dict[str, int]:
     """Config fields that make the chosen (or ``base``) model about ``factor`` × as wide: hidden size, query and KV heads
     (head size and the query-to-KV ratio kept) and MLP width scaled alike, layers unchanged. Widths are whole multiples
-    of one KV group (head_dim × query heads per KV head); ``factor`` 1 gives the model's own widths."""
+    of one KV group (head_dim × query heads per KV head); ``factor`` 1 gives the model's own widths. Every MLP width
+    field the config has is scaled (``MLP_WIDTH_FIELDS``); an MLP set as a ratio of the width (GPT-2's ``n_inner``
+    None, MPT's ``expansion_ratio``) follows by itself. What a copy reads per step is counted from the copy built
+    (``roofline.engine_cost``), never assumed from ``factor``."""
     cfg = load_config(base).get_text_config()
     heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -275,9 +300,28 @@ def width_overrides(factor: float, base: str | None = None) -> dict[str, int]:
         raise KVLabError(f"width factor {factor!r} must be a positive number (1 = the model's own width).")
     groups = max(1, round(kv * factor))  # KV heads; each carries heads // kv query heads
     scale = groups / kv
-    return {"hidden_size": groups * (heads // kv) * head_dim if heads * head_dim == cfg.hidden_size
-            else round(cfg.hidden_size * scale), "num_attention_heads": groups * (heads // kv),
-            "num_key_value_heads": groups, "intermediate_size": round(cfg.intermediate_size * scale), "head_dim": head_dim}
+    hidden = groups * (heads // kv) * head_dim if heads * head_dim == cfg.hidden_size else round(cfg.hidden_size * scale)
+    fields = {"hidden_size": hidden, "num_attention_heads": groups * (heads // kv), "num_key_value_heads": groups,
+              "head_dim": head_dim}
+    mlp = {name: round(getattr(cfg, name) * scale) for name in MLP_WIDTH_FIELDS if isinstance(getattr(cfg, name, None), int)}
+    twins = {name: hidden for name in HIDDEN_TWIN_FIELDS if getattr(cfg, name, None) == cfg.hidden_size}
+    return fields | mlp | twins
+
+
+def kv_heads_configurable(base: str | None = None) -> bool:
+    """Whether the chosen (or ``base``) model's architecture reads ``num_key_value_heads``: its K and V projections
+    shrink when the field is 1 (counted on the meta device, ``sizing.parameter_counts``). MHA-only designs (OPT,
+    GPT-2, GPT-NeoX) ignore the field, so copies with other KV heads cannot be built from them."""
+    from kvlab.sizing import parameter_counts
+
+    cfg = load_config(base)
+    counts = []
+    for kv_heads in (cfg.get_text_config().num_attention_heads, 1):
+        variant = cfg.to_dict()
+        target = variant.get("text_config", variant) if "text_config" in variant else variant
+        target["num_key_value_heads"] = kv_heads
+        counts.append(parameter_counts(variant).total)
+    return counts[0] != counts[1]
 
 
 def prepare_width_variant(factor: float, base: str | None = None) -> Path:
@@ -298,9 +342,10 @@ SECOND_MODEL_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwe
                        "tie_word_embeddings": True, "use_sliding_window": False}
 
 
-def prepare_second_model() -> Path:
-    """The second architecture (``KVLAB_MODEL=Qwen2-Tiny-Random``): made once with transformers and cached."""
-    target = config.cache_dir() / "models" / SECOND_MODEL
+def _prepare_local_model(name: str, fields: dict[str, Any], chat_template: bool) -> Path:
+    """A named random-weight model made once with transformers from ``fields`` and cached, with the course model's
+    tokenizer (its chat template removed where ``chat_template`` is False, as a base model ships)."""
+    target = config.cache_dir() / "models" / name
     if (target / STAMP).is_file():
         return target
     base = str(prepare_default_model())
@@ -309,8 +354,35 @@ def prepare_second_model() -> Path:
         from transformers import AutoConfig, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(base)
-        fields = dict(SECOND_MODEL_CONFIG)
-        return AutoConfig.for_model(fields.pop("model_type"), vocab_size=len(tok), bos_token_id=tok.bos_token_id,
-                                    eos_token_id=tok.eos_token_id, **fields)
+        rest = dict(fields)
+        return AutoConfig.for_model(rest.pop("model_type"), vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                                    eos_token_id=tok.eos_token_id, **rest)
 
-    return _save_random_model(target, make_config, base, {"config": SECOND_MODEL_CONFIG, "tokenizer": base})
+    made = _save_random_model(target, make_config, base, {"config": fields, "tokenizer": base,
+                                                          "chat_template": chat_template})
+    if not chat_template:
+        path = made / "tokenizer_config.json"
+        settings = json.loads(path.read_text())
+        settings.pop("chat_template", None)
+        path.write_text(json.dumps(settings, indent=2))
+        (made / "chat_template.jinja").unlink(missing_ok=True)
+    return made
+
+
+def prepare_second_model() -> Path:
+    """The second architecture (``KVLAB_MODEL=Qwen2-Tiny-Random``): made once with transformers and cached."""
+    return _prepare_local_model(SECOND_MODEL, SECOND_MODEL_CONFIG, chat_template=True)
+
+
+BASE_MODEL = "OPT-Tiny-Random-Base"
+#: A third layout, the opposite of the course model's on every axis the course measures: OPT (vLLM's quickstart
+#: family: facebook/opt-125m) — one KV head per query head and no setting for fewer, learned positions, a ReLU MLP
+#: without a gate, LayerNorm with biases — and a base model: no chat template (``prompts.PLAIN_CHAT_TEMPLATE``).
+BASE_MODEL_CONFIG = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 512, "ffn_dim": 2048,
+                     "num_hidden_layers": 12, "num_attention_heads": 8, "max_position_embeddings": 2048,
+                     "word_embed_proj_dim": 512}
+
+
+def prepare_base_model() -> Path:
+    """The base-model layout (``KVLAB_MODEL=OPT-Tiny-Random-Base``): made once with transformers and cached."""
+    return _prepare_local_model(BASE_MODEL, BASE_MODEL_CONFIG, chat_template=False)

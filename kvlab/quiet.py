@@ -28,6 +28,12 @@ def quiet() -> Iterator[Path]:
             stream.flush()
     old_tqdm = os.environ.get("TQDM_DISABLE")
     os.environ["TQDM_DISABLE"] = "1"  # notebook progress bars are widgets, not text: switch them off
+    # transformers' bars (saving a model: "Writing model shards") are widgets in a notebook, displayed rather than
+    # printed, so no redirect catches them; they are switched off here, and on again after
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    hf_bars = bool(hf_logging and hf_logging.is_progress_bar_enabled())
+    if hf_bars:
+        hf_logging.disable_progress_bar()
     saved: dict[int, int] = {}
     with open(path, "a") as log, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -43,6 +49,8 @@ def quiet() -> Iterator[Path]:
             for fd, copy in saved.items():
                 os.dup2(copy, fd)
                 os.close(copy)
+            if hf_bars:
+                hf_logging.enable_progress_bar()
             if old_tqdm is None:
                 os.environ.pop("TQDM_DISABLE", None)
             else:

@@ -69,6 +69,10 @@ class Service:
     def healthy(self) -> bool:
         raise NotImplementedError
 
+    def explain(self, log_text: str) -> str | None:
+        """One sentence for a start-up failure this service recognizes in its log, or None (the log's tail is shown)."""
+        return None
+
     def log_tail(self, lines: int = 15) -> str:
         """The last lines of the service's log."""
         if not self.log_file.exists():
@@ -90,6 +94,9 @@ class Service:
             code = self.proc.poll()
             if code is not None:
                 self.stop()
+                known = self.explain(self.log_tail(200))
+                if known:
+                    raise KVLabError(f"The {self.name} did not start: {known.rstrip('.')} (full log: {self.log_file}).")
                 raise KVLabError(f"The {self.name} exited during start-up (exit code {code}){self.hint}; its last log lines "
                                  f"(full log: {self.log_file}):\n{self.log_tail()}")
             if self.healthy():

@@ -68,7 +68,38 @@ class Server(HttpService):
     def command(self) -> list[str]:
         """The command line that starts this server."""
         return [sys.executable, "-m", SERVER_MODULE, "--model", self.model, "--served-model-name", SERVED_NAME,
-                "--host", self.host, "--port", str(self.port), *server_flags(self.engine_args)]
+                "--host", self.host, "--port", str(self.port), *server_flags(self.engine_args), *self.template_flags()]
+
+    def max_model_len(self) -> int:
+        """The context (tokens) the running server accepts, from its own ``/v1/models`` card (``max_model_len``,
+        ``vllm/entrypoints/serve/engine/protocol.py`` ``ModelCard``)."""
+        import httpx
+
+        cards = httpx.get(f"{self.base_url}/models", timeout=10).json()["data"]
+        return int(next(c for c in cards if c["id"] == SERVED_NAME)["max_model_len"])
+
+    def explain(self, log_text: str) -> str | None:
+        """vLLM's refusals a learner can fix, in one sentence (the same as ``make_engine``'s)."""
+        from kvlab.engine import explain_context_too_long
+
+        return explain_context_too_long(log_text)
+
+    def template_flags(self) -> list[str]:
+        """``--chat-template`` with KV Lab's plain template where the model's tokenizer has none (a base model), so
+        the server formats chats as ``kvlab.chat`` and the gateway's token counts do; else nothing."""
+        if "chat_template" in self.engine_args:
+            return []
+        from transformers import AutoTokenizer
+
+        from kvlab.prompts import chat_template
+
+        template = chat_template(AutoTokenizer.from_pretrained(self.model))
+        if template is None:
+            return []
+        path = config.build_dir() / "plain-chat-template.jinja"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(template)
+        return ["--chat-template", str(path)]
 
     def env(self) -> dict[str, str]:
         env = os.environ | {"VLLM_CONFIGURE_LOGGING": "1", "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}

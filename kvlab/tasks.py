@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from kvlab.config import REPO_ROOT
+from kvlab.prompts import chat_template
 
 TASKS_FILE = REPO_ROOT / "data" / "tasks" / "kv_precision.json"
 
@@ -47,7 +48,7 @@ def run_tasks(llm: Any, tasks: list[dict[str, Any]] | None = None, max_tokens: i
     tasks = tasks or load_tasks()
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     convs = [[{"role": "user", "content": t["prompt"]}] for t in tasks]
-    outs = llm.chat(convs, params, use_tqdm=False)
+    outs = llm.chat(convs, params, use_tqdm=False, chat_template=chat_template(llm.get_tokenizer()))
     return pd.DataFrame([{"task": t["id"], "output": o.outputs[0].text.strip(), "passes": passes(o.outputs[0].text, t["check"])}
                          for t, o in zip(tasks, outs, strict=True)])
 

@@ -155,6 +155,9 @@ print(f"The chosen model: {chosen.layers} layers, {chosen.query_heads} query hea
 layouts = {f"{chosen.attention}: the chosen model ({chosen.kv_heads} KV heads)": None}
 if chosen.attention == "MLA":
     print("An MLA model has no KV heads to vary: the MHA and MQA copies are skipped.")
+elif not model.kv_heads_configurable():
+    print("This architecture has one K and V head per query head in every layer, with no setting for fewer "
+          "(like OPT or GPT-2): the MHA and MQA copies are skipped.")
 else:
     if chosen.kv_heads != chosen.query_heads:
         layouts[f"MHA copy ({chosen.query_heads} KV heads)"] = str(model.prepare_kv_variant(chosen.query_heads))

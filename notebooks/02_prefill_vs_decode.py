@@ -246,7 +246,7 @@ gpu_memory_ms = step_8b / gpu.bandwidth * 1e3
 print(f"overhead per step: {fit.overhead_s * 1e3:.1f} ± {fit.overhead_se_s * 1e3:.1f} ms; achieved bandwidth "
       f"{fit.bandwidth / 1e9:.1f} GB/s (1 SE: {fit.bandwidth_lo / 1e9:.1f}–{fit.bandwidth_hi / 1e9:.1f}) of a measured peak "
       f"{limits.bandwidth / 1e9:.1f} GB/s; R² {fit.r2:.3f} over {len(clean)} requests")
-print(f"the course model's decode step is {course:.0%} memory traffic here; an 8B model on an H100 must read "
+print(f"this model's decode step is {course:.0%} memory traffic here; an 8B model on an H100 must read "
       f"{step_8b / 1e9:.1f} GB per step ({gpu_memory_ms:.1f} ms at the datasheet bandwidth), so with this machine's fixed "
       f"cost per step it would be {gpu_memory_ms / (gpu_memory_ms + fit.overhead_s * 1e3):.0%} memory traffic")
 if fit.bandwidth_hi < float("inf"):  # the slope is over one standard error above zero: the bytes measurably cost time
@@ -292,7 +292,7 @@ Markdown(f"""
 - Streaming, the client saw TTFT {gap_ms.min():.1f}–{gap_ms.max():.1f} ms later than the engine's own figure; its ITL p95 was
   {streams.itl_p95_ms.max():.0f} ms against a median of {streams.itl_p50_ms.median():.0f} ms.
 - Over {len(by_width)} widths of the same model, TPOT = **{fit.overhead_s * 1e3:.1f} ± {fit.overhead_se_s * 1e3:.1f} ms per step**
-  + bytes ÷ **{fit.bandwidth / 1e9:.1f} GB/s** (peak {limits.bandwidth / 1e9:.1f} GB/s): the course model's step is
+  + bytes ÷ **{fit.bandwidth / 1e9:.1f} GB/s** (peak {limits.bandwidth / 1e9:.1f} GB/s): this model's step is
   **{course:.0%} memory traffic** on this machine, the rest fixed cost.
 - {kvlab.outliers.report(runs, ["ttft_s", "tpot_s"])}
 """)

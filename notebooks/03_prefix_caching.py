@@ -37,8 +37,9 @@ from kvlab import caching, timing
 
 llm = kvlab.make_engine(enable_prefix_caching=True)
 tok = llm.get_tokenizer()
-block = kvlab.kv_capacity(llm).block_size
-system = caching.static_prefix(n_tools=kvlab.pick(7, 5))  # 7 of its 13 tools: ~2,300 tokens, a quicker lesson
+block, context = kvlab.kv_capacity(llm).block_size, kvlab.kv_capacity(llm).max_model_len
+# 7 of its 13 tools: ~2,300 tokens, a quicker lesson (fewer where the model's context is shorter)
+system = caching.static_prefix(n_tools=caching.tools_that_fit(tok, kvlab.pick(7, 5), context))
 turns = caching.user_turns()
 example = caching.chat_ids(tok, system, turns[0])
 shared = caching.common_prefix(example, caching.chat_ids(tok, system, turns[1]))
@@ -75,7 +76,8 @@ px.strip(cw, x="cache", y=cw.ttft_s * 1e3, color="cache", title="TTFT with the p
 # half of cold" holds on a CPU, not for a small model on a GPU, whose fixed cost per step dwarfs its prefill).
 
 # %%
-lengths = sorted({max(2, tokens // block) * block for tokens in kvlab.pick([256, 512, 1024, 2048], [256, 1024])})  # whole blocks
+lengths = sorted({max(2, tokens // block) * block for tokens in kvlab.pick([256, 512, 1024, 2048], [256, 1024])
+                  if tokens + 64 <= context})  # whole blocks, with the suffix and answer inside the model's context
 lengths_and_one_short = sorted(set(lengths + [length - 1 for length in lengths]))
 sweep = caching.prefix_length_sweep(llm, lengths_and_one_short, suffix_tokens=32, repeats=kvlab.pick(3, 2))
 by_len = sweep.groupby(["prefix_tokens", "cache"]).agg(ttft_ms=("ttft_s", lambda x: 1e3 * x.median()), cached=("cached_tokens", "median")).unstack("cache")
@@ -173,11 +175,13 @@ from kvlab import gateway, serving
 from kvlab.redis_server import RedisServer
 
 kvlab.close_engine(llm)
+server_context = kvlab.model.fit_context(4096)  # 4,096 tokens, or the model's own context where it is shorter
 server = serving.start_server(enable_prefix_caching=True, enable_prompt_tokens_details=True, enforce_eager=True,
-                              max_model_len=4096)
+                              max_model_len=server_context)
 cache_server = RedisServer().start()
 gw = gateway.Gateway(server.url, server.model, cache_server.redis_url, ttl_s=600).start()
-asked, short_system = turns[: kvlab.pick(2, 1)], caching.static_prefix(n_tools=5)  # 5 tool schemas: a quicker cold prefill
+short_system = caching.static_prefix(n_tools=caching.tools_that_fit(tok, 5, server_context))  # 5 tools: a quicker cold prefill
+asked = turns[: kvlab.pick(2, 1)]
 edits = {"paraphrased": caching.edited_prompts(short_system, "paraphrase", len(asked)),
          "version bumped": caching.edited_prompts(short_system, "version bump", len(asked))}
 paths = gateway.three_paths(gw.client(), short_system, asked, max_tokens=8, variants=edits)

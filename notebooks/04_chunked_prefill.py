@@ -41,7 +41,8 @@ from kvlab import workload
 
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model())
 decoders, decoder_tokens = kvlab.pick(4, 3), kvlab.pick(96, 48)
-long_tokens, long_at = kvlab.pick(3072, 2048), kvlab.pick(1.0, 0.5)
+context = kvlab.model.fit_context(8192)  # 8,192 tokens, or the model's own context where it is shorter
+long_tokens, long_at = min(kvlab.pick(3072, 2048), context - 64), kvlab.pick(1.0, 0.5)
 budgets = kvlab.pick([256, 1024, 2048], [256, 1024])
 configs = {"chunked off": {"enable_chunked_prefill": False}}
 configs |= {f"chunks of {b}": {"enable_chunked_prefill": True, "max_num_batched_tokens": b} for b in budgets}
@@ -61,7 +62,7 @@ from tqdm.auto import tqdm
 
 results, timelines, behind = [], {}, []
 for name, args in tqdm(configs.items(), desc="configurations"):
-    llm = kvlab.make_engine(enforce_eager=True, max_model_len=8192, **args)
+    llm = kvlab.make_engine(enforce_eager=True, max_model_len=context, **args)
     tokens, reqs = workload.run_workload(llm, workload.interference_arrivals(tok, decoders, 64, decoder_tokens, long_tokens, long_at))
     results.append({"config": name} | workload.interference_summary(tokens, reqs))
     timelines[name] = (tokens, reqs)

@@ -185,6 +185,7 @@ cache_server.stop()
 # %%
 n_requests, rate = kvlab.pick(24, 12), kvlab.pick(1.0, 1.5)
 agent_turns, growth, out_tokens = kvlab.pick(5, 3), kvlab.pick(400, 300), 24
+agent_turns = traffic.agent_turns_that_fit(tok, agent_turns, growth, 1, server.max_model_len(), out_tokens)  # fewer on a short context
 mixes = {"chat only": traffic.traffic_mix(tok, n_requests, 0.0, agent_turns, growth, tools=1),
          "chat + agents": traffic.traffic_mix(tok, n_requests, 0.25, agent_turns, growth, tools=1, seed=1)}
 runs, boards, gauges = {}, {}, {}
@@ -239,7 +240,7 @@ runs["chat + agents"].groupby("kind").agg(requests=("ttft_s", "size"), prompt_to
 # caching off (tenants use the salt to keep their cached prefixes apart). The counters confirm it: nothing reused.
 
 # %%
-storm_turns = kvlab.pick(6, 4)
+storm_turns = traffic.agent_turns_that_fit(tok, kvlab.pick(6, 4), 400, 1, server.max_model_len(), 16)  # fewer on a short context
 agent = traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7)
 storm = {"prefix caching on": traffic.agent_storm(server, agent, 16),
          "no reuse (salted)": traffic.agent_storm(server, agent, 16, reuse=False)}

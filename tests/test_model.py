@@ -103,3 +103,57 @@ def test_variants_follow_the_chosen_model(model_dir):
         model.prepare_kv_variant(3, base=str(second))
     sliding = json.loads((model.prepare_sliding_variant(256) / "config.json").read_text())
     assert sliding["sliding_window"] == 256 and set(sliding["layer_types"]) == {"sliding_attention"}
+
+
+def write_config(folder: Path, **fields) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(fields))
+    return str(folder)
+
+
+OPT_125M = {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": 768, "ffn_dim": 3072,
+            "num_hidden_layers": 12, "num_attention_heads": 12, "word_embed_proj_dim": 768, "vocab_size": 50272,
+            "max_position_embeddings": 2048}  # facebook/opt-125m's config.json
+
+
+def test_kv_head_copies_only_where_the_architecture_has_the_setting(tmp_path):
+    """OPT and GPT-2 have one K and V head per query head and ignore num_key_value_heads; Llama reads it."""
+    opt = write_config(tmp_path / "opt", **OPT_125M)
+    gpt2 = write_config(tmp_path / "gpt2", model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=256, n_layer=2,
+                        n_head=4, vocab_size=1000)
+    llama = write_config(tmp_path / "llama", model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=256,
+                         intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=1000)
+    assert not model.kv_heads_configurable(opt) and not model.kv_heads_configurable(gpt2)
+    assert model.kv_heads_configurable(llama)
+    with pytest.raises(KVLabError, match=r"OPTForCausalLM has no setting for fewer KV heads"):
+        model.prepare_kv_variant(1, base=opt)
+
+
+def test_wider_copies_scale_each_family_s_mlp_field(tmp_path):
+    """By hand: opt-125m × 1.5 = 18 heads of 64 = 1,152 wide, MLP 3,072 × 1.5 = 4,608, the embedding projection kept
+    equal to the width; GPT-2's MLP (n_inner None: 4 × width) follows the width by itself; Llama's 3 of 4 KV groups."""
+    opt = model.width_overrides(1.5, write_config(tmp_path / "opt", **OPT_125M))
+    assert opt["hidden_size"] == 1152 and opt["num_attention_heads"] == 18 and opt["ffn_dim"] == 4608
+    assert opt["word_embed_proj_dim"] == 1152 and "intermediate_size" not in opt
+    gpt2 = model.width_overrides(2, write_config(tmp_path / "gpt2", model_type="gpt2", n_embd=256, n_layer=2, n_head=4,
+                                                 vocab_size=1000))
+    assert gpt2["hidden_size"] == 512 and gpt2["num_attention_heads"] == 8 and "n_inner" not in gpt2
+    llama = model.width_overrides(1.5, write_config(tmp_path / "llama", model_type="llama", hidden_size=256,
+                                                    intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
+                                                    num_key_value_heads=2, vocab_size=1000))
+    assert llama == {"hidden_size": 384, "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 64,
+                     "intermediate_size": 1032}
+    mpt = model.width_overrides(2, write_config(tmp_path / "mpt", model_type="mpt", d_model=256, n_heads=4, n_layers=2,
+                                                expansion_ratio=4, vocab_size=1000))
+    assert mpt == {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64}  # MLP: 4 × width
+
+
+def test_the_base_model_is_opt_without_a_chat_template(model_dir):
+    from transformers import AutoTokenizer
+
+    folder = model.prepare_base_model()
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["OPTForCausalLM"] and "num_key_value_heads" not in cfg
+    assert AutoTokenizer.from_pretrained(folder).chat_template is None
+    assert model.resolve_model(model.BASE_MODEL) == str(folder)

@@ -44,3 +44,24 @@ def test_too_long_is_one_sentence():
 def test_bad_length_refused(tok):
     with pytest.raises(KVLabError, match="n_tokens must be a positive"):
         prompts.prompt_of_length(tok, 0)
+
+
+def test_a_model_with_its_own_chat_template_keeps_it(tok):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    assert prompts.chat_template(tok) is None
+    assert prompts.chat_template_ids(tok, messages) == list(tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                                                      tokenize=True)["input_ids"])
+
+
+def test_a_base_model_gets_the_plain_template_and_one_note(model_dir, capsys):
+    """Without a template vLLM refuses chats (vllm/renderers/hf.py); KV Lab writes 'Role: text' lines, said once."""
+    from transformers import AutoTokenizer
+
+    base = AutoTokenizer.from_pretrained(model_dir)
+    base.chat_template = None
+    base.name_or_path = "a-base-model-for-this-test"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    ids = prompts.chat_template_ids(base, messages)
+    assert base.decode(ids) == "System: Be brief.\nUser: Hi there\nAssistant:"
+    assert prompts.chat_template_ids(base, messages) == ids
+    assert capsys.readouterr().out.count("has no chat template") == 1

@@ -71,6 +71,20 @@ def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_pa
         assert "prefill is compute-bound from" in text
 
 
+def test_lesson_00_runs_with_a_base_model_that_has_no_chat_template(tmp_path, monkeypatch):
+    """A third layout (OPT: one KV head per query head, a ReLU MLP, learned positions, 2,048 positions) and a base
+    model: no chat template, so chats go out in KV Lab's plain lines, said in one note; the 'Paris' check is skipped."""
+    import papermill as pm
+
+    monkeypatch.setenv("KVLAB_MODEL", model.BASE_MODEL)
+    monkeypatch.setenv("KVLAB_QUICK", "1")
+    executed = tmp_path / "00.ipynb"
+    pm.execute_notebook(str(config.REPO_ROOT / "notebooks" / "00_setup_and_first_tokens.ipynb"), str(executed),
+                        cwd=str(config.REPO_ROOT / "notebooks"), progress_bar=False, kernel_name="python3")
+    text = outputs_text(executed)
+    assert model.BASE_MODEL in text and "has no chat template" in text and "check for 'Paris' is skipped" in text
+
+
 @pytest.mark.parametrize("lab", [lab for lab in labs.list_labs() if lab not in ELSEWHERE])
 def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch):
     import papermill as pm

@@ -88,9 +88,19 @@ def test_busy_port_is_refused_in_one_sentence():
 
 @pytest.mark.notebook
 def test_server_that_exits_at_start_reports_its_log_and_leaves_nothing():
-    with pytest.raises(KVLabError, match=r"(?s)exited during start-up.*last log lines.*max_model_len|max model len") as err:
-        serving.Server(max_model_len=1_000_000, enforce_eager=True).start()
+    with pytest.raises(KVLabError, match=r"(?s)exited during start-up.*last log lines.*no-such-dtype") as err:
+        serving.Server(dtype="no-such-dtype", enforce_eager=True).start()
     assert "Traceback" not in str(err.value).splitlines()[0]
+    assert not serving.running_servers() and not services._LIVE
+
+
+@pytest.mark.notebook
+def test_server_asked_for_more_context_than_the_model_has_says_so_in_one_sentence():
+    with pytest.raises(KVLabError) as err:
+        serving.Server(max_model_len=1_000_000, enforce_eager=True).start()
+    msg = str(err.value)
+    assert msg.startswith("The vLLM server did not start: max_model_len=1,000,000 is longer than this model's context "
+                          "of 8,192 tokens") and "\n" not in msg
     assert not serving.running_servers() and not services._LIVE
 
 
@@ -138,3 +148,32 @@ def test_lab_l06_refuses_bad_parameters():
         labs.validate("L06_traffic_mix", {"agent_share": 1.5})
     with pytest.raises(KVLabError, match="Lab L06_traffic_mix: parameter agent_tools must be between 0 and 13, got 20"):
         labs.validate("L06_traffic_mix", {"agent_tools": 20})
+
+
+def test_lengths_fit_a_short_context_and_refuse_one_sentence_where_nothing_fits(model_dir):
+    """A 2,048-token model (OPT, Pythia, TinyLlama) runs lessons 03 and 06 with fewer tools and agent turns."""
+    from transformers import AutoTokenizer
+
+    from kvlab import caching
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    longest = max(caching.user_turns(), key=len)
+    n = caching.tools_that_fit(tok, 7, 2048)
+    assert n < 7 and len(caching.chat_ids(tok, caching.static_prefix(n), longest)) + 64 <= 2048
+    assert len(caching.chat_ids(tok, caching.static_prefix(n + 1), longest)) + 64 > 2048  # the largest that fits
+    assert caching.tools_that_fit(tok, 7, 8192) == 7
+    turns = traffic.agent_turns_that_fit(tok, 6, 400, 1, 2048, 16)
+    assert 1 <= turns < 6 and traffic.agent_turns_that_fit(tok, 6, 400, 1, 8192, 16) == 6
+    with pytest.raises(KVLabError, match=r"do not fit a context of 100 tokens; choose a model with a longer context"):
+        caching.tools_that_fit(tok, 7, 100)
+
+
+def test_a_server_refusing_a_context_too_long_says_so_in_one_sentence():
+    log = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n  Value error, User-specified "
+           "max_model_len (4096) is greater than the derived max_model_len (max_position_embeddings=2048.0 or "
+           "model_max_length=None in model's config.json). To allow overriding this maximum, set the env var ...")
+    said = serving.Server(enforce_eager=True).explain(log)
+    assert said == ("max_model_len=4,096 is longer than this model's context of 2,048 tokens (max_position_embeddings in "
+                    "its config.json); ask for at most 2,048 (kvlab.model.fit_context does), or choose a model with a "
+                    "longer context.")
+    assert serving.Server(enforce_eager=True).explain("some other failure") is None

@@ -114,7 +114,9 @@ def test_rates_must_be_positive_and_increasing(rates):
 class Tok:
     """A tokenizer stand-in for request-making logic: one token per character, a fixed chat template."""
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+    chat_template = "one token per character"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, chat_template=None):
         return [ord(c) % 200 for m in messages for c in m["content"]] + [1]
 
     def encode(self, text, add_special_tokens=False):
