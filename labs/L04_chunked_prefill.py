@@ -19,7 +19,7 @@
 
 # %% tags=["parameters"]
 model = ""  # Hugging Face id or local folder; empty: KVLAB_MODEL or the course model
-decoders = 3  # chat requests streaming from t = 0
+decoders = 3  # chat requests streaming from the start
 decoder_prompt_tokens = 64  # prompt tokens of each decoder
 decoder_output_tokens = 48  # output tokens of each decoder
 long_prompt_tokens = 2048  # tokens of the long prompt

@@ -77,6 +77,25 @@ def test_quick_mode_sizes_are_applied_in_validation(monkeypatch):
     assert labs.validate("L05_batch_sweep", {"repeats": 3}).repeats == 3 and not labs.validate("L05", {}).shrunk
 
 
+def test_a_request_longer_than_the_model_s_context_is_refused_before_any_engine_starts(monkeypatch):
+    """The base model has 2,048 positions: L04's default long prompt (2,048 + its 4 output tokens) cannot run on it,
+    and L02's longest prompt only in full mode; the course model's 8,192 take both."""
+    from kvlab.model import BASE_MODEL
+
+    monkeypatch.setenv("KVLAB_QUICK", "0")
+    with pytest.raises(KVLabError) as err:
+        labs.validate("L04_chunked_prefill", {"model": BASE_MODEL})
+    assert str(err.value) == ("Lab L04_chunked_prefill: its longest request, long_prompt_tokens + its 4 output tokens = "
+                              "2,052 tokens, is longer than the model's context of 2,048 tokens; lower them, or choose a "
+                              "model with a longer context.")
+    assert labs.validate("L04_chunked_prefill", {"model": BASE_MODEL, "long_prompt_tokens": 2044}).long_prompt_tokens == 2044
+    with pytest.raises(KVLabError, match=r"max\(prompt_lengths\) \+ max\(output_lengths\) = 2,080 tokens"):
+        labs.validate("L02_ttft_tpot_sweep", {"model": BASE_MODEL})
+    monkeypatch.setenv("KVLAB_QUICK", "1")  # quick mode runs the first two prompt lengths: 512 + 32 fits
+    assert labs.validate("L02_ttft_tpot_sweep", {"model": BASE_MODEL}).prompt_lengths == [128, 512]
+    assert labs.validate("L04_chunked_prefill", {}).long_prompt_tokens == 2048  # the course model: 8,192 positions
+
+
 def test_papermill_injected_names_are_read_from_the_kernel_history():
     history = ["", "model = ''\nrepeats = 3  # doc", "# Parameters\nmemroy_gib = 24\noutput_dir = \"/tmp/x\"\n", "x = 1"]
     assert labs.injected_names({"In": history}) == ["memroy_gib", "output_dir"]

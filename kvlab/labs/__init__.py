@@ -96,6 +96,9 @@ class Lab:
     questions: tuple[Any, ...] = ()  # kvlab.exercises.Question
     compare: Callable[[Any], Any] | None = None  # collected table with a 'run' column -> plotly figure
     check: Callable[[dict[str, Any]], str | None] | None = None  # rules across parameters: a problem's sentence, or None
+    # the longest request these parameters make, in tokens, and what it is made of ("prefix_tokens + ..."): checked
+    # against the model's context before anything starts
+    longest: Callable[[dict[str, Any]], tuple[int, str]] | None = None
 
     @property
     def key(self) -> str:
@@ -232,7 +235,25 @@ def validate(lab: str, given: Mapping[str, Any]) -> Params:
         for p in spec.params:
             if p.quick is not None:
                 ran[p.name] = p.quick.apply(asked[p.name])
+    _check_context(spec, ran)
     return Params(spec.name, ran, asked)
+
+
+def _check_context(spec: Lab, ran: dict[str, Any]) -> None:
+    """Refuse, before any engine starts, parameters whose longest request outgrows the model's context (a 2,048-token
+    prompt for OPT's 2,048 positions); a model whose config cannot be read here is left to the engine to refuse."""
+    if spec.longest is None:
+        return
+    from kvlab.model import max_context
+
+    try:
+        limit = max_context(ran.get("model") or None)
+    except Exception:  # noqa: BLE001 - an unknown or unreachable model: make_engine says so in one sentence
+        return
+    tokens, made_of = spec.longest(ran)
+    if limit and tokens > limit:
+        raise KVLabError(f"Lab {spec.name}: its longest request, {made_of} = {tokens:,} tokens, is longer than the "
+                         f"model's context of {limit:,} tokens; lower them, or choose a model with a longer context.")
 
 
 def injected_names(namespace: Mapping[str, Any]) -> list[str]:

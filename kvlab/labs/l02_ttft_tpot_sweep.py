@@ -74,4 +74,5 @@ LAB = Lab(
                  tpot_vs_ttft, ("less", "more")),
     ),
     compare=compare,
+    longest=lambda p: (max(p["prompt_lengths"]) + max(p["output_lengths"]), "max(prompt_lengths) + max(output_lengths)"),
 )

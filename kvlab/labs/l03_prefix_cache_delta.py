@@ -58,4 +58,6 @@ LAB = Lab(
                  ("shared", "unique", "both", "neither")),
     ),
     compare=compare,
+    longest=lambda p: (p["prefix_tokens"] + p["suffix_tokens"] + p["output_tokens"],
+                       "prefix_tokens + suffix_tokens + output_tokens"),
 )

@@ -44,7 +44,7 @@ LAB = Lab(
     about="decoders' stalls while a long prompt is prefilled, per token budget",
     params=(
         model_param(),
-        Param("decoders", 3, "chat requests streaming from t = 0", positive=True),
+        Param("decoders", 3, "chat requests streaming from the start", positive=True),
         Param("decoder_prompt_tokens", 64, "prompt tokens of each decoder", positive=True),
         Param("decoder_output_tokens", 48, "output tokens of each decoder", positive=True),
         Param("long_prompt_tokens", 2048, "tokens of the long prompt", positive=True),
@@ -60,4 +60,6 @@ LAB = Lab(
                           "prefill off? (yes/no)", cost, ("yes", "no")),
     ),
     compare=compare,
+    longest=lambda p: max((p["long_prompt_tokens"] + 4, "long_prompt_tokens + its 4 output tokens"),
+                          (p["decoder_prompt_tokens"] + p["decoder_output_tokens"], "decoder_prompt_tokens + decoder_output_tokens")),
 )

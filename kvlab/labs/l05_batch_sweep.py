@@ -54,4 +54,5 @@ LAB = Lab(
                  ttft_growth, tolerance=0.25),
     ),
     compare=compare,
+    longest=lambda p: (p["prompt_tokens"] + p["output_tokens"], "prompt_tokens + output_tokens"),
 )
