@@ -171,21 +171,27 @@ def resolve_model(name: str | None = None) -> str:
 
 
 def model_facts(model: str) -> dict[str, object]:
-    """Architecture facts that size the KV cache, read from the model's ``config.json``."""
-    from transformers import AutoConfig
+    """Architecture facts that size the KV cache, read from the model's config the way transformers fills it in (a
+    multimodal model's language part, e.g. Gemma-3's ``text_config``; MLA; sliding-window layers counted)."""
+    from kvlab.sizing import KVArch
 
-    cfg = AutoConfig.from_pretrained(model)
-    heads = cfg.num_attention_heads
-    return {
+    cfg = load_config(model)
+    text = cfg.get_text_config()
+    arch = KVArch.from_config(cfg, name=Path(model).name)
+    facts: dict[str, object] = {
         "architecture": (cfg.architectures or [cfg.model_type])[0],
-        "layers": cfg.num_hidden_layers,
-        "hidden size": cfg.hidden_size,
-        "query heads": heads,
-        "KV heads": getattr(cfg, "num_key_value_heads", None) or heads,
-        "head dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        "vocabulary": cfg.vocab_size,
-        "max context (tokens)": getattr(cfg, "max_position_embeddings", None),
+        "layers": arch.layers,
+        "hidden size": getattr(text, "hidden_size", None),
+        "query heads": arch.query_heads,
+        "KV heads": arch.kv_heads,
+        "head dim": arch.head_dim,
+        "attention": arch.attention,
+        "vocabulary": getattr(text, "vocab_size", None),
+        "max context (tokens)": arch.max_context,
     }
+    if arch.sliding_layers:
+        facts["sliding-window layers"] = f"{arch.sliding_layers} of {arch.layers}, window {arch.sliding_window:,} tokens"
+    return facts
 
 
 def load_config(model: str | None = None) -> Any:

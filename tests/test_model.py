@@ -157,3 +157,18 @@ def test_the_base_model_is_opt_without_a_chat_template(model_dir):
     assert cfg["architectures"] == ["OPTForCausalLM"] and "num_key_value_heads" not in cfg
     assert AutoTokenizer.from_pretrained(folder).chat_template is None
     assert model.resolve_model(model.BASE_MODEL) == str(folder)
+
+
+def test_model_facts_read_a_multimodal_config_s_language_part(tmp_path):
+    """Gemma-3-4B's config.json nests its language model in text_config and omits the head counts (transformers'
+    defaults: 8 query heads, 4 KV heads of 256); five of every six layers slide over 1,024 tokens: 29 of 34."""
+    from kvlab import sizing
+
+    folder = write_config(tmp_path / "gemma3", **sizing.load_preset("Gemma-3-4B")["config"])
+    facts = model.model_facts(folder)
+    assert facts["architecture"] == "Gemma3ForConditionalGeneration" and facts["layers"] == 34
+    assert (facts["query heads"], facts["KV heads"], facts["head dim"], facts["attention"]) == (8, 4, 256, "GQA")
+    assert facts["hidden size"] == 2560 and facts["sliding-window layers"] == "29 of 34, window 1,024 tokens"
+    opt = model.model_facts(write_config(tmp_path / "opt", **OPT_125M))
+    assert (opt["KV heads"], opt["attention"], opt["max context (tokens)"]) == (12, "MHA", 2048)
+    assert "sliding-window layers" not in opt
