@@ -131,15 +131,27 @@ from kvlab import experiments, model
 hybrid = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(30)]
 layouts = {"all sliding": model.prepare_sliding_variant(256),
            "5:1 hybrid": model.prepare_variant("hybrid5to1", None, sliding_window=256, layer_types=hybrid)}
+import tempfile, torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained(kvlab.resolve_model())
+gemma = AutoConfig.for_model("gemma3_text", vocab_size=len(tok), hidden_size=256, intermediate_size=768, num_hidden_layers=12,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=256,
+                             max_position_embeddings=4096, architectures=["Gemma3ForCausalLM"])
+layouts["Gemma-3 (real architecture)"] = tempfile.mkdtemp()
+AutoModelForCausalLM.from_config(gemma).to(torch.bfloat16).save_pretrained(layouts["Gemma-3 (real architecture)"])
+tok.save_pretrained(layouts["Gemma-3 (real architecture)"])
 rows = {name: experiments.capacity_check(str(path), kv_cache_gib=1.0, dtype="bfloat16", max_num_batched_tokens=512)[0]
         for name, path in layouts.items()}
+import shutil
+shutil.rmtree(layouts["Gemma-3 (real architecture)"])
 print(json.dumps(rows))
 """
 
 
 def test_vllm_kv_plan_matches_the_engine_for_sliding_and_hybrid_layouts(model_dir):
     """vLLM 0.32's own KV arithmetic (sizing.vllm_kv_plan) against its report: every layer sliding over 256 tokens,
-    and Gemma-3's pattern — five sliding layers to one full — on the course model's shapes (random weights). The
+    and Gemma-3's pattern — five sliding layers to one full — on the course model's shapes and in Gemma-3's own
+    architecture (random weights). The
     engines run in a separate process: closing an in-process engine tears down vLLM's process-wide parallel state,
     which the session's shared engine still needs."""
     import subprocess
@@ -159,3 +171,8 @@ def test_vllm_kv_plan_matches_the_engine_for_sliding_and_hybrid_layouts(model_di
     # 16 (full group, 2,048 tokens) + 5 × 7 (sliding groups) = 51 blocks
     assert rows["5:1 hybrid"]["engine_blocks"] == 2**30 // (128 * 5 * 2 * 3 * 64 * 2) == 2184
     assert rows["5:1 hybrid"]["engine_max_concurrency"] == pytest.approx(2184 / 51)
+    # Gemma-3's own architecture (transformers' pattern: every sixth of 12 layers full): groups of 2 layers (1 full,
+    # 5 sliding) → 1 GiB ÷ (128 × 2 × 2·2·64·2 B) = 8,192 blocks; per request 16 + 5 × 7 = 51 blocks
+    gemma = rows["Gemma-3 (real architecture)"]
+    assert gemma["sliding_layers"] == 10 and gemma["engine_blocks"] == 2**30 // (128 * 2 * 2 * 2 * 64 * 2) == 8192
+    assert gemma["engine_max_concurrency"] == pytest.approx(8192 / 51)
