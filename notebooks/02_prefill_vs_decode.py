@@ -114,8 +114,9 @@ print(f"Llama-3.1-8B, {short}-token prompt on the {gpu.device}: {llama8b.prefill
 # prints how many it flagged, and the percentiles leave the flagged ones out. They are shown below the table, not hidden.
 
 # %%
-prompt_lengths = kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 512, 1024])
 decode_tokens, repeats = kvlab.pick(32, 16), kvlab.pick(5, 3)
+context = kvlab.kv_capacity(llm).max_model_len  # a model with a shorter context runs the lengths that fit
+prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 512, 1024]) if n + decode_tokens <= context]
 runs = experiments.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")
 limits = roofline.best_of(limits, roofline.measure_limits(quick=kvlab.quick()))  # the peak seen before or after
 runs = roofline.add_bounds(runs, cost, limits)
@@ -173,13 +174,13 @@ eff.round(1)
 # %% [markdown]
 # ## 5. Where the time goes: short vs long prompts × output lengths
 #
-# Now a short and a long prompt (2,048 tokens: long enough for prefill to matter, without section 3's slowest prefill
-# nine times over), each with a few output lengths. The engine is warm from section 3, so no warm-up here. Each bar
+# Now a short and a long prompt (2,048 tokens, fewer if the model's context is shorter: long enough for prefill to
+# matter, without section 3's slowest prefill nine times over), each with a few output lengths. The engine is warm from section 3, so no warm-up here. Each bar
 # splits one request's median time into prefill and decode; the label names the phase that dominates.
 
 # %%
-split_prompts = [prompt_lengths[0], kvlab.pick(2048, 1024)]
 split_outputs = kvlab.pick([8, 32, 128], [8, 32])
+split_prompts = [prompt_lengths[0], min(kvlab.pick(2048, 1024), context - max(split_outputs))]
 split = experiments.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), warmup=0, desc="phase split")
 kvlab.plots.phase_split(split).show()
 
