@@ -324,8 +324,7 @@ def kv_heads_configurable(base: str | None = None) -> bool:
     counts = []
     for kv_heads in (cfg.get_text_config().num_attention_heads, 1):
         variant = cfg.to_dict()
-        target = variant.get("text_config", variant) if "text_config" in variant else variant
-        target["num_key_value_heads"] = kv_heads
+        (variant.get("text_config") or variant)["num_key_value_heads"] = kv_heads
         counts.append(parameter_counts(variant).total)
     return counts[0] != counts[1]
 

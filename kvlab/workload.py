@@ -140,20 +140,25 @@ def gaps_between(tokens: pd.DataFrame, labels: list[str] | str, start_s: float, 
     return gaps
 
 
+#: Output tokens of the long prompt in the interference workloads: its TTFT is what they measure.
+LONG_PROMPT_OUTPUT_TOKENS = 4
+
+
 def interference_arrivals(tokenizer: Any, decoders: int, decoder_prompt: int, decoder_tokens: int, long_prompt: int,
                           long_at_s: float) -> list[Arrival]:
     """``decoders`` short chats streaming from t=0, and one long prompt (a document ingest) arriving at ``long_at_s``."""
     from kvlab.prompts import distinct_prompts, prompt_of_length
 
     chats = [Arrival(f"decoder {i + 1}", ids, decoder_tokens, 0.0) for i, ids in enumerate(distinct_prompts(tokenizer, decoder_prompt, decoders, seed=5))]
-    return chats + [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=20_000), 4, long_at_s)]
+    return chats + [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=20_000), LONG_PROMPT_OUTPUT_TOKENS,
+                            long_at_s)]
 
 
 def short_behind_long_arrivals(tokenizer: Any, long_prompt: int, short_prompt: int, short_at_s: float) -> list[Arrival]:
     """A long prompt at t=0 and a short interactive request just after it."""
     from kvlab.prompts import prompt_of_length
 
-    return [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=7_000), 4, 0.0),
+    return [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=7_000), LONG_PROMPT_OUTPUT_TOKENS, 0.0),
             Arrival("short prompt", prompt_of_length(tokenizer, short_prompt, offset=30_000), 8, short_at_s)]
 
 

@@ -175,8 +175,9 @@ eff.round(1)
 # ## 5. Where the time goes: short vs long prompts × output lengths
 #
 # Now a short and a long prompt (2,048 tokens, fewer if the model's context is shorter: long enough for prefill to
-# matter, without section 3's slowest prefill nine times over), each with a few output lengths. The engine is warm from section 3, so no warm-up here. Each bar
-# splits one request's median time into prefill and decode; the label names the phase that dominates.
+# matter, without section 3's slowest prefill nine times over), each with a few output lengths. The engine is warm
+# from section 3, so no warm-up here. Each bar splits one request's median time into prefill and decode; the label
+# names the phase that dominates.
 
 # %%
 split_outputs = kvlab.pick([8, 32, 128], [8, 32])

@@ -37,7 +37,8 @@ from kvlab import caching, timing
 
 llm = kvlab.make_engine(enable_prefix_caching=True)
 tok = llm.get_tokenizer()
-block, context = kvlab.kv_capacity(llm).block_size, kvlab.kv_capacity(llm).max_model_len
+cap = kvlab.kv_capacity(llm)
+block, context = cap.block_size, cap.max_model_len
 # 7 of its 13 tools: ~2,300 tokens, a quicker lesson (fewer where the model's context is shorter)
 system = caching.static_prefix(n_tools=caching.tools_that_fit(tok, kvlab.pick(7, 5), context))
 turns = caching.user_turns()

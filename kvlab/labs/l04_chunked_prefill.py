@@ -8,6 +8,7 @@ import pandas as pd
 
 from kvlab.exercises import Question, Tables
 from kvlab.labs import Lab, Param, first, model_param, output_param
+from kvlab.workload import LONG_PROMPT_OUTPUT_TOKENS
 
 NAME = "L04_chunked_prefill"
 
@@ -60,6 +61,7 @@ LAB = Lab(
                           "prefill off? (yes/no)", cost, ("yes", "no")),
     ),
     compare=compare,
-    longest=lambda p: max((p["long_prompt_tokens"] + 4, "long_prompt_tokens + its 4 output tokens"),
+    longest=lambda p: max((p["long_prompt_tokens"] + LONG_PROMPT_OUTPUT_TOKENS,
+                           f"long_prompt_tokens + its {LONG_PROMPT_OUTPUT_TOKENS} output tokens"),
                           (p["decoder_prompt_tokens"] + p["decoder_output_tokens"], "decoder_prompt_tokens + decoder_output_tokens")),
 )
