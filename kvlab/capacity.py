@@ -102,6 +102,19 @@ class Requests:
         return rng.choices(KINDS, weights=weights, k=count)
 
 
+def longest_request(tokenizer: Any, mix: Mix) -> tuple[int, str]:
+    """The longest request a mix makes (prompt in the chat template + output, tokens) and which kind it is, so that a
+    mix too long for the model's context is refused before any engine starts."""
+    maker, made = Requests(tokenizer, mix), {}
+    for kind in (k for k in KINDS if getattr(mix, f"{k}_share") > 0):
+        tries = len(maker.questions) if kind == "chat" else 1  # chats differ in length; agent and batch prompts do not
+        made[kind] = max(len(ids) + out for ids, out in (maker.prompt(kind) for _ in range(tries)))
+    kind = max(made, key=made.get)
+    lengths = {"chat": "its prompt + chat_output_tokens", "agent": "agent_prompt_tokens + agent_output_tokens",
+               "batch": "batch_prompt_tokens + the summary instruction + batch_output_tokens"}
+    return made[kind], f"a {kind} request ({lengths[kind]})"
+
+
 def open_loop(maker: Requests, rate_rps: float, count: int, start_s: float = 0.0, seed: int = 0,
               kinds: list[str] | None = None) -> list[Arrival]:
     """``count`` requests arriving as a Poisson process at ``rate_rps`` (exponential gaps, seeded) from ``start_s``."""

@@ -62,23 +62,32 @@ def agent_session(tokenizer: Any, turns: int, growth_tokens: int, tools: int, se
     return Session("agent", messages, turns, growth)
 
 
-def agent_turns_that_fit(tokenizer: Any, wanted: int, growth_tokens: int, tools: int, context: int, max_tokens: int) -> int:
-    """How many turns, up to ``wanted``, an agent session (``agent_session``) can run before its prompt and a
-    ``max_tokens`` reply outgrow ``context`` tokens: ``wanted`` on most models, fewer on a short-context one. Each
-    earlier reply is counted at ``max_tokens`` tokens, and 16 tokens are left spare (a reply re-tokenizes a little
-    differently)."""
-    session = agent_session(tokenizer, wanted, growth_tokens, tools)
+#: Tokens left spare when an agent turn's length is estimated: a real reply re-tokenizes a little differently.
+AGENT_SPARE_TOKENS = 16
+
+
+def agent_request_tokens(tokenizer: Any, turns: int, growth_tokens: int, tools: int, max_tokens: int) -> list[int]:
+    """Each turn's request length (prompt + ``max_tokens`` reply + ``AGENT_SPARE_TOKENS``) in an agent session
+    (``agent_session``), every earlier reply counted at ``max_tokens`` tokens."""
+    session = agent_session(tokenizer, turns, growth_tokens, tools)
     reply = tokenizer.decode(prompts.prompt_of_length(tokenizer, max_tokens, offset=50_000))
-    messages = list(session.messages)
-    for turn in range(wanted):
-        if len(prompts.chat_template_ids(tokenizer, messages)) + max_tokens + 16 > context:
-            if turn == 0:
-                raise KVLabError(f"Even an agent's first turn does not fit a context of {context:,} tokens; choose a "
-                                 "model with a longer context (KVLAB_MODEL).")
-            return turn
-        if turn < wanted - 1:
+    messages, lengths = list(session.messages), []
+    for turn in range(turns):
+        lengths.append(len(prompts.chat_template_ids(tokenizer, messages)) + max_tokens + AGENT_SPARE_TOKENS)
+        if turn < turns - 1:
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": session.growth[turn]}]
-    return wanted
+    return lengths
+
+
+def agent_turns_that_fit(tokenizer: Any, wanted: int, growth_tokens: int, tools: int, context: int, max_tokens: int) -> int:
+    """How many turns, up to ``wanted``, an agent session can run before its prompt and a ``max_tokens`` reply outgrow
+    ``context`` tokens: ``wanted`` on most models, fewer on a short-context one."""
+    lengths = agent_request_tokens(tokenizer, wanted, growth_tokens, tools, max_tokens)
+    fit = next((turn for turn, n in enumerate(lengths) if n > context), wanted)
+    if fit == 0:
+        raise KVLabError(f"Even an agent's first turn does not fit a context of {context:,} tokens; choose a "
+                         "model with a longer context (KVLAB_MODEL).")
+    return fit
 
 
 def traffic_mix(tokenizer: Any, requests: int, agent_share: float, turns: int, growth_tokens: int, tools: int,

@@ -96,6 +96,25 @@ def test_a_request_longer_than_the_model_s_context_is_refused_before_any_engine_
     assert labs.validate("L04_chunked_prefill", {}).long_prompt_tokens == 2048  # the course model: 8,192 positions
 
 
+def test_traffic_labs_count_their_longest_request_with_the_model_s_tokenizer(monkeypatch):
+    """L06's agent prompt grows every turn and L07's batch jobs are long documents: both are counted in the model's
+    chat template before any engine starts (vLLM's server would clip max_tokens to fit, silently:
+    vllm/entrypoints/serve/utils/api_utils.py get_max_tokens)."""
+    from kvlab.model import BASE_MODEL
+
+    monkeypatch.setenv("KVLAB_QUICK", "0")
+    with pytest.raises(KVLabError, match=r"Lab L06_traffic_mix: its longest request, the last agent turn's prompt .* = "
+                                         r"2,[0-9]{3} tokens, is longer than the model's context of 2,048 tokens"):
+        labs.validate("L06_traffic_mix", {"model": BASE_MODEL})  # 1 tool (~1,000 tokens) + 3 × 400 grown
+    assert labs.validate("L06_traffic_mix", {"model": BASE_MODEL, "agent_turns": 2}).agent_turns == 2
+    assert labs.validate("L06_traffic_mix", {"model": BASE_MODEL, "agent_share": 0.0}).agent_share == 0.0  # chats only
+    batch = {"model": BASE_MODEL, "chat_share": 0.5, "batch_share": 0.5}
+    with pytest.raises(KVLabError, match=r"a batch request \(batch_prompt_tokens \+ the summary instruction \+ "
+                                         r"batch_output_tokens\) = 2,[0-9]{3} tokens"):
+        labs.validate("L07_slo_capacity", batch | {"batch_prompt_tokens": 2000})
+    assert labs.validate("L07_slo_capacity", batch | {"batch_prompt_tokens": 1200}).batch_prompt_tokens == 1200
+
+
 def test_papermill_injected_names_are_read_from_the_kernel_history():
     history = ["", "model = ''\nrepeats = 3  # doc", "# Parameters\nmemroy_gib = 24\noutput_dir = \"/tmp/x\"\n", "x = 1"]
     assert labs.injected_names({"In": history}) == ["memroy_gib", "output_dir"]

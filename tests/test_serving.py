@@ -164,6 +164,9 @@ def test_lengths_fit_a_short_context_and_refuse_one_sentence_where_nothing_fits(
     assert caching.tools_that_fit(tok, 7, 8192) == 7
     turns = traffic.agent_turns_that_fit(tok, 6, 400, 1, 2048, 16)
     assert 1 <= turns < 6 and traffic.agent_turns_that_fit(tok, 6, 400, 1, 8192, 16) == 6
+    lengths = traffic.agent_request_tokens(tok, 6, 400, 1, 16)  # each turn adds a reply, a tool result and 400 tokens
+    assert all(400 < b - a < 520 for a, b in zip(lengths, lengths[1:], strict=False))
+    assert lengths[turns - 1] <= 2048 < lengths[turns]  # the turns that fit are those whose request does
     with pytest.raises(KVLabError, match=r"do not fit a context of 100 tokens; choose a model with a longer context"):
         caching.tools_that_fit(tok, 7, 100)
 

@@ -256,6 +256,15 @@ def _check_context(spec: Lab, ran: dict[str, Any]) -> None:
                          f"model's context of {limit:,} tokens; lower them, or choose a model with a longer context.")
 
 
+def tokenizer_of(ran: Mapping[str, Any]) -> Any:
+    """The tokenizer of a lab's model, for a ``longest`` that counts the tokens its requests are made of."""
+    from transformers import AutoTokenizer
+
+    from kvlab.model import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(ran.get("model") or None))
+
+
 def injected_names(namespace: Mapping[str, Any]) -> list[str]:
     """Names papermill injected into this kernel (its cell starts with ``# Parameters``), read from IPython's input
     history ``In``: papermill itself only warns about names the notebook does not define, and runs on."""

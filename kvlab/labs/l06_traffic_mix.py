@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from kvlab.exercises import Question, Tables
-from kvlab.labs import Lab, Param, at_most, model_param, output_param
+from kvlab.labs import Lab, Param, at_most, model_param, output_param, tokenizer_of
 from kvlab.timing import p95
 
 NAME = "L06_traffic_mix"
@@ -28,6 +28,20 @@ def tokens_per_s(t: Tables) -> tuple[Any, str]:
     s = t["summary"].set_index("mix")["output tokens/s (mean)"]
     change = abs(s["chat + agents"] / s["chat only"] - 1)
     return ("yes" if change > 0.2 else "no"), f"output tokens/s {s['chat only']:.1f} vs {s['chat + agents']:.1f} ({change:.0%} apart)"
+
+
+def longest(p: dict[str, Any]) -> tuple[int, str]:
+    """The longest request: the last agent turn where agents join, else the longest chat (tokens, output included)."""
+    from kvlab import caching, prompts, traffic
+
+    tok = tokenizer_of(p)
+    chats = traffic.chat_sessions(len(caching.user_turns()))
+    chat = max(len(prompts.chat_template_ids(tok, s.messages)) for s in chats) + p["output_tokens"]
+    if p["agent_share"] == 0:
+        return chat, "the longest chat's prompt + output_tokens"
+    agent = traffic.agent_request_tokens(tok, p["agent_turns"], p["growth_tokens"], p["agent_tools"], p["output_tokens"])
+    return max(chat, agent[-1]), (f"the last agent turn's prompt (agent_tools schemas, agent_turns − 1 rounds of "
+                                  f"growth_tokens and replies) + output_tokens + {traffic.AGENT_SPARE_TOKENS} spare")
 
 
 def compare(t: pd.DataFrame) -> Any:
@@ -69,4 +83,5 @@ LAB = Lab(
                  ("yes", "no")),
     ),
     compare=compare,
+    longest=longest,
 )

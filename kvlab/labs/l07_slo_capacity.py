@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from kvlab.exercises import Question, Tables
-from kvlab.labs import Lab, Param, at_most, first_middle_last, model_param, output_param
+from kvlab.labs import Lab, Param, at_most, first_middle_last, model_param, output_param, tokenizer_of
 
 NAME = "L07_slo_capacity"
 #: vLLM 0.32's scheduling policies (vllm/config/scheduler.py: SchedulerPolicy = Literal["fcfs", "priority"]).
@@ -65,6 +65,15 @@ def throughput_kept_rising(t: Tables) -> tuple[Any, str]:
     return ("yes" if top.throughput_rps > at_knee.throughput_rps else "no"), (
         f"throughput {at_knee.throughput_rps:.2f} req/s at the knee ({at_knee.rate_rps:.2f}) vs {top.throughput_rps:.2f} "
         f"at {top.rate_rps:.2f}; goodput {at_knee.goodput_rps:.2f} vs {top.goodput_rps:.2f}")
+
+
+def longest(p: dict[str, Any]) -> tuple[int, str]:
+    """The longest request of the kinds in the mix (tokens, output included), from the model's tokenizer."""
+    from kvlab import capacity
+
+    mix = capacity.Mix(p["chat_share"], p["agent_share"], p["batch_share"], p["chat_output_tokens"],
+                       p["agent_prompt_tokens"], p["agent_output_tokens"], p["batch_prompt_tokens"], p["batch_output_tokens"])
+    return capacity.longest_request(tokenizer_of(p), mix)
 
 
 def compare(t: pd.DataFrame) -> Any:
@@ -134,4 +143,5 @@ LAB = Lab(
     ),
     compare=compare,
     check=check,
+    longest=longest,
 )
