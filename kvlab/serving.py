@@ -166,6 +166,11 @@ def stream_chat(client: Any, messages: list[dict[str, str]], max_tokens: int, la
     if not events or usage is None:
         raise KVLabError("The server's stream had no content or no usage report; is it a vLLM OpenAI-compatible server?")
     n_out = int(usage.completion_tokens)
+    if n_out < max_tokens:  # ignore_eos: only the context stops a reply early, and vLLM's server does so silently
+        raise KVLabError(f"The server returned {n_out:,} of the {max_tokens:,} output tokens asked for a prompt of "
+                         f"{int(usage.prompt_tokens):,} tokens: together they outgrow its context, and vLLM lowers max_tokens "
+                         "to what is left (vllm/entrypoints/serve/utils/api_utils.py get_max_tokens); ask for fewer "
+                         "tokens or send a shorter prompt.")
     return {"label": label, "prompt_tokens": int(usage.prompt_tokens), "output_tokens": n_out,
             "sent_s": sent - origin, "first_token_s": events[0] - origin, "last_token_s": events[-1] - origin,
             "ttft_s": events[0] - sent, "tpot_s": (events[-1] - events[0]) / max(n_out - 1, 1), "e2e_s": done - sent,

@@ -117,6 +117,11 @@ def test_gateway_serves_repeats_from_redis_survives_an_outage_and_refuses_over_c
         assert over.status_code == 400 and over.json()["error"]["code"] == "input_cap_exceeded"
         assert "input cap of 128" in over.json()["error"]["message"]
 
+        near_full = [{"role": "user", "content": "word " * 970}]  # ~1,000 prompt tokens of the 1,024: 40 more do not fit
+        with pytest.raises(KVLabError, match=r"The server returned [0-9]+ of the 40 output tokens asked for a prompt of "
+                                             r"1,0[0-9]{2} tokens: together they outgrow its context"):
+            serving.stream_chat(server.client(), near_full, 40)  # vLLM's server would clip max_tokens without a word
+
         redis_server.stop()  # the cache goes away mid-run: requests are answered by the engine, errors counted
         outage = [client.chat.completions.create(model=serving.SERVED_NAME, max_tokens=4, temperature=0,
                                                  messages=[{"role": "user", "content": f"Count to {n}."}])
