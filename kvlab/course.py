@@ -49,14 +49,11 @@ def notebook_title(path: Path) -> str:
 
 def execute(notebook: Path, out_dir: Path, parameters: dict | None = None, kernel_name: str = "python3") -> Path:
     """Run one notebook top to bottom with papermill; the executed copy is written even when a cell fails."""
-    import papermill as pm
-
     from kvlab import kernels
 
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / notebook.name
-    pm.execute_notebook(str(notebook), str(executed), parameters=parameters or {}, kernel_name=kernel_name,
-                        cwd=str(notebook.parent), progress_bar=False, log_output=False, kernel_manager_class=kernels.MANAGER)
+    kernels.execute(notebook, executed, parameters, kernel_name=kernel_name, log_output=False)
     return executed
 
 

@@ -113,8 +113,6 @@ def _short_error(exc: BaseException) -> str:
 
 def execute(run: Run, out: Path, timeout_s: int | None = None) -> dict[str, Any]:
     """Execute one run with papermill into its folder; never raises for a failing notebook (the status says it)."""
-    import papermill as pm
-
     from kvlab import kernels
 
     folder = out / "runs" / run.run_id
@@ -122,9 +120,8 @@ def execute(run: Run, out: Path, timeout_s: int | None = None) -> dict[str, Any]
     status = run.record(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     t0 = time.perf_counter()
     try:
-        pm.execute_notebook(str(labs.lab_path(run.lab)), str(folder / f"{run.lab}.ipynb"), cwd=str(labs.LAB_DIR),
-                            parameters=run.parameters | {"output_dir": str(folder / "results")}, progress_bar=False,
-                            kernel_name="python3", execution_timeout=timeout_s, kernel_manager_class=kernels.MANAGER)
+        kernels.execute(labs.lab_path(run.lab), folder / f"{run.lab}.ipynb", run.parameters | {"output_dir": str(folder / "results")},
+                        labs.LAB_DIR, execution_timeout=timeout_s)
         status |= {"status": "ok", "error": ""}
     except KeyboardInterrupt:
         raise

@@ -67,14 +67,14 @@ def test_lab_l07_bad_input_is_one_sentence_naming_the_parameter(given, message):
 def test_lab_l07_finds_the_sustainable_rate_and_writes_tidy_results(tmp_path, second_model):
     """On the second model (its one CI run, see tests/test_second_model.py); the results writer's safety to run twice
     is lab L01's test."""
-    import papermill as pm
+    from kvlab import kernels
 
     out = tmp_path / "out"
     params = {"rates": [0.5, 1.5], "saturation_users": 8, "seconds_per_rate": 4.0, "min_requests": 8, "chat_share": 0.8,
               "batch_share": 0.2, "batch_prompt_tokens": 400, "scheduling_policy": "priority", "model": SECOND_MODEL,
               "output_dir": str(out)}
-    pm.execute_notebook(str(labs.lab_path("L07_slo_capacity")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters=params, progress_bar=False, kernel_name="python3")
+    kernels.execute(str(labs.lab_path("L07_slo_capacity")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                    parameters=params)
     results = pd.read_parquet(out / "results.parquet")
     rates = pd.read_csv(out / "rates.csv")
     cap = pd.read_csv(out / "capacity.csv").iloc[0]

@@ -3,10 +3,11 @@ the second model (``KVLAB_MODEL``): this one run is also lesson 00's run beyond 
 (tests/test_second_model.py); nbval runs lesson 00 on the course model, with its check for 'Paris'."""
 
 import json
+from pathlib import Path
 
 import pytest
 
-from kvlab import course
+from kvlab import config, course
 
 pytestmark = pytest.mark.notebook
 
@@ -38,12 +39,23 @@ def test_build_notebook_00_writes_html_and_index(tmp_path, second_model, monkeyp
     assert SECOND_MODEL in shown and "check for 'Paris' is skipped" in shown  # the environment report names the model
 
 
-def test_course_and_grid_kernels_talk_over_ipc_sockets_not_tcp(tmp_path, capfd):
-    """The kernels papermill starts for ``make course`` and lab grids listen on Unix sockets, not TCP ports."""
+def test_every_headless_run_talks_over_ipc_sockets_with_a_blocking_client(tmp_path, capfd):
+    """The kernels papermill starts (``make course``, labs, grids, tests: all through ``kernels.execute``) listen on
+    Unix sockets, not TCP ports, and are read by jupyter_client's blocking client, whose waits can't miss a reply
+    (kvlab/kernels.py says why: papermill's default asyncio client hung CI twice)."""
     import nbformat
+    from jupyter_client.blocking import BlockingKernelClient
 
+    from kvlab import kernels
+
+    assert isinstance(kernels.IPCKernelManager().client(), BlockingKernelClient)
+    callers = [str(path.relative_to(config.REPO_ROOT)) for folder in ("kvlab", "tests", "instructors", "benchmarks")
+               for path in (config.REPO_ROOT / folder).rglob("*.py")
+               if path != Path(__file__) and "execute_notebook(" in path.read_text()]
+    assert callers == ["kvlab/kernels.py"], callers
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from ipykernel.kernelapp import IPKernelApp\napp = IPKernelApp.instance()\nprint(app.transport, app.shell_port)")])
+        "from ipykernel.kernelapp import IPKernelApp\napp = IPKernelApp.instance()\nprint(app.transport, app.shell_port)"),
+        nbformat.v4.new_code_cell("import ipywidgets as w\nout = w.Output()\nwith out:\n    print('in a widget')\nout")])
     source = tmp_path / "probe.ipynb"
     nbformat.write(nb, source)
     executed = nbformat.read(course.execute(source, tmp_path / "out"), as_version=4)

@@ -70,7 +70,7 @@ def test_reference_results_are_a_full_mode_run_with_machine_info(lab):
 
 @pytest.mark.notebook
 def test_solutions_notebook_runs_on_the_reference_results(tmp_path):
-    import papermill as pm
+    from kvlab import kernels
 
-    pm.execute_notebook(str(config.REPO_ROOT / "instructors" / "solutions.ipynb"), str(tmp_path / "solutions.ipynb"),
-                        cwd=str(config.REPO_ROOT / "instructors"), progress_bar=False, kernel_name="python3")
+    kernels.execute(str(config.REPO_ROOT / "instructors" / "solutions.ipynb"), str(tmp_path / "solutions.ipynb"),
+                    cwd=str(config.REPO_ROOT / "instructors"))

@@ -143,13 +143,13 @@ def test_a_typo_on_papermills_command_line_fails_with_one_sentence(tmp_path):
 
 @pytest.mark.notebook
 def test_lab_l01_runs_headless_twice_and_writes_tidy_results(tmp_path):
-    import papermill as pm
+    from kvlab import kernels
 
     out = tmp_path / "out"
     for _ in range(2):  # safe to run twice
-        pm.execute_notebook(str(labs.lab_path("L01_capacity_planning")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                            parameters={"model": "Qwen2.5-7B-Instruct", "memory_gib": [24, 80], "context_lengths": [8192, 32768],
-                                        "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
+        kernels.execute(str(labs.lab_path("L01_capacity_planning")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters={"model": "Qwen2.5-7B-Instruct", "memory_gib": [24, 80], "context_lengths": [8192, 32768],
+                                    "output_dir": str(out)})
     df = pd.read_parquet(out / "results.parquet")
     assert len(df) == 4 and set(df.memory_gib) == {24, 80} and (df.model == "Qwen2.5-7B-Instruct").all()
     assert pd.read_csv(out / "results.csv").shape == df.shape
@@ -165,23 +165,24 @@ def test_lab_l01_runs_headless_twice_and_writes_tidy_results(tmp_path):
 def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
     import papermill as pm
 
+    from kvlab import kernels
+
     with pytest.raises(pm.PapermillExecutionError) as err:
-        pm.execute_notebook(str(labs.lab_path("L01_capacity_planning")), str(tmp_path / "bad.ipynb"), cwd=str(labs.LAB_DIR),
-                            parameters={"model": "Llama-9", "output_dir": str(tmp_path)}, progress_bar=False, kernel_name="python3")
+        kernels.execute(str(labs.lab_path("L01_capacity_planning")), str(tmp_path / "bad.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters={"model": "Llama-9", "output_dir": str(tmp_path)})
     assert "Unknown model preset 'Llama-9'" in str(err.value)
 
 
 @pytest.mark.notebook
 def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch, second_model):
-    import papermill as pm
+    from kvlab import kernels
 
     monkeypatch.setenv("KVLAB_QUICK", "1")
     out = tmp_path / "out"
     executed = tmp_path / "run.ipynb"
-    pm.execute_notebook(str(labs.lab_path("L02_ttft_tpot_sweep")), str(executed), cwd=str(labs.LAB_DIR),
-                        parameters={"prompt_lengths": [64, 512, 1024], "output_lengths": [4, 8], "repeats": 3, "model": SECOND_MODEL,
-                                    "output_dir": str(out)},
-                        progress_bar=False, kernel_name="python3")
+    kernels.execute(str(labs.lab_path("L02_ttft_tpot_sweep")), str(executed), cwd=str(labs.LAB_DIR),
+                    parameters={"prompt_lengths": [64, 512, 1024], "output_lengths": [4, 8], "repeats": 3, "model": SECOND_MODEL,
+                                "output_dir": str(out)})
     df = pd.read_parquet(out / "results.parquet")
     meta = json.loads((out / "metadata.json").read_text())
     ran, asked = meta["parameters"], meta["parameters_asked"]
@@ -203,12 +204,12 @@ def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch, se
 
 @pytest.mark.notebook
 def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path, second_model):
-    import papermill as pm
+    from kvlab import kernels
 
     out = tmp_path / "out"
-    pm.execute_notebook(str(labs.lab_path("L03_prefix_cache_delta")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters={"prefix_tokens": 512, "suffix_tokens": 32, "requests": 4, "shared_fraction": 0.75,
-                                    "model": SECOND_MODEL, "output_dir": str(out)}, progress_bar=False, kernel_name="python3")
+    kernels.execute(str(labs.lab_path("L03_prefix_cache_delta")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                    parameters={"prefix_tokens": 512, "suffix_tokens": 32, "requests": 4, "shared_fraction": 0.75,
+                                "model": SECOND_MODEL, "output_dir": str(out)})
     df = pd.read_parquet(out / "results.parquet")
     summary = pd.read_csv(out / "summary.csv").set_index("caching")
     assert set(df.caching) == {"on", "off"} and len(df) == 8
@@ -220,13 +221,12 @@ def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path, second_model):
 
 @pytest.mark.notebook
 def test_lab_l04_compares_chunked_prefill_configs(tmp_path, second_model):
-    import papermill as pm
+    from kvlab import kernels
 
     out = tmp_path / "out"
-    pm.execute_notebook(str(labs.lab_path("L04_chunked_prefill")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters={"decoders": 2, "decoder_output_tokens": 24, "long_prompt_tokens": 1024, "long_arrival_s": 0.3,
-                                    "budgets": [128], "model": SECOND_MODEL, "output_dir": str(out)}, progress_bar=False,
-                        kernel_name="python3")
+    kernels.execute(str(labs.lab_path("L04_chunked_prefill")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                    parameters={"decoders": 2, "decoder_output_tokens": 24, "long_prompt_tokens": 1024, "long_arrival_s": 0.3,
+                                "budgets": [128], "model": SECOND_MODEL, "output_dir": str(out)})
     df = pd.read_parquet(out / "results.parquet").set_index("config")
     assert list(df.index) == ["chunked off", "chunks of 128"]
     assert df.decoder_itl_p50_ms["chunks of 128"] < df.decoder_itl_p50_ms["chunked off"]  # the median: one stall of a shared machine is not the engine
@@ -236,12 +236,11 @@ def test_lab_l04_compares_chunked_prefill_configs(tmp_path, second_model):
 
 @pytest.mark.notebook
 def test_lab_l05_batch_sweep(tmp_path, second_model):
-    import papermill as pm
+    from kvlab import kernels
 
     out = tmp_path / "out"
-    pm.execute_notebook(str(labs.lab_path("L05_batch_sweep")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters={"batch_sizes": [1, 8], "output_tokens": 16, "model": SECOND_MODEL, "output_dir": str(out)},
-                        progress_bar=False, kernel_name="python3")
+    kernels.execute(str(labs.lab_path("L05_batch_sweep")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                    parameters={"batch_sizes": [1, 8], "output_tokens": 16, "model": SECOND_MODEL, "output_dir": str(out)})
     s = pd.read_csv(out / "summary.csv").set_index("batch_size")
     assert s.decode_tok_s[8] > s.decode_tok_s[1]
     meta = json.loads((out / "metadata.json").read_text())

@@ -103,15 +103,14 @@ def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counte
     import json
 
     import pandas as pd
-    import papermill as pm
 
-    from kvlab import labs
+    from kvlab import kernels, labs
     from kvlab.model import SECOND_MODEL
 
     out = tmp_path / "out"
     params = {"budgets": [0.6, 1.0], "requests": 10, "model": SECOND_MODEL, "output_dir": str(out)}
-    pm.execute_notebook(str(labs.lab_path("L08_kv_budget")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters=params, progress_bar=False, kernel_name="python3")
+    kernels.execute(str(labs.lab_path("L08_kv_budget")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                    parameters=params)
     budgets = pd.read_csv(out / "budgets.csv").sort_values("budget_blocks")
     results, events = pd.read_parquet(out / "results.parquet"), pd.read_csv(out / "events.csv")
     small, large = budgets.iloc[0], budgets.iloc[-1]
@@ -128,10 +127,9 @@ def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counte
 def test_lab_l08_traffic_longer_than_the_context_fails_before_any_engine_starts(tmp_path):
     import papermill as pm
 
-    from kvlab import labs
+    from kvlab import kernels, labs
 
     with pytest.raises(pm.PapermillExecutionError, match="longer than the model's context"):
-        pm.execute_notebook(str(labs.lab_path("L08_kv_budget")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                            parameters={"shared_prefix_tokens": 100_000, "output_dir": str(tmp_path / "out")},
-                            progress_bar=False, kernel_name="python3")
+        kernels.execute(str(labs.lab_path("L08_kv_budget")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                        parameters={"shared_prefix_tokens": 100_000, "output_dir": str(tmp_path / "out")})
     assert not (tmp_path / "out").exists()

@@ -56,13 +56,12 @@ def test_lesson_00_runs_with_the_second_model_in_the_course_build():
 
 @pytest.mark.parametrize("lesson", ["01_kv_cache_by_hand", "02_prefill_vs_decode"])
 def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_path, monkeypatch):
-    import papermill as pm
+    from kvlab import kernels
 
     monkeypatch.setenv("KVLAB_MODEL", SECOND)
     monkeypatch.setenv("KVLAB_QUICK", "1")
     executed = tmp_path / f"{lesson}.ipynb"
-    pm.execute_notebook(str(config.REPO_ROOT / "notebooks" / f"{lesson}.ipynb"), str(executed), cwd=str(config.REPO_ROOT / "notebooks"),
-                        progress_bar=False, kernel_name="python3")
+    kernels.execute(str(config.REPO_ROOT / "notebooks" / f"{lesson}.ipynb"), str(executed), cwd=str(config.REPO_ROOT / "notebooks"))
     text = outputs_text(executed)
     assert SECOND in text  # the environment report names the model that ran
     if lesson.startswith("01"):  # variants follow the chosen model: MHA = its 8 query heads; ratios 2/8 and 2/1
@@ -74,26 +73,25 @@ def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_pa
 def test_lesson_00_runs_with_a_base_model_that_has_no_chat_template(tmp_path, monkeypatch):
     """A third layout (OPT: one KV head per query head, a ReLU MLP, learned positions, 2,048 positions) and a base
     model: no chat template, so chats go out in KV Lab's plain lines, said in one note; the 'Paris' check is skipped."""
-    import papermill as pm
+    from kvlab import kernels
 
     monkeypatch.setenv("KVLAB_MODEL", model.BASE_MODEL)
     monkeypatch.setenv("KVLAB_QUICK", "1")
     executed = tmp_path / "00.ipynb"
-    pm.execute_notebook(str(config.REPO_ROOT / "notebooks" / "00_setup_and_first_tokens.ipynb"), str(executed),
-                        cwd=str(config.REPO_ROOT / "notebooks"), progress_bar=False, kernel_name="python3")
+    kernels.execute(str(config.REPO_ROOT / "notebooks" / "00_setup_and_first_tokens.ipynb"), str(executed),
+                    cwd=str(config.REPO_ROOT / "notebooks"))
     text = outputs_text(executed)
     assert model.BASE_MODEL in text and "has no chat template" in text and "check for 'Paris' is skipped" in text
 
 
 @pytest.mark.parametrize("lab", [lab for lab in labs.list_labs() if lab not in ELSEWHERE])
 def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch):
-    import papermill as pm
+    from kvlab import kernels
 
     monkeypatch.setenv("KVLAB_QUICK", "1")
     out = tmp_path / "out"
     model_param = str(second_model) if lab.startswith("L01") else SECOND  # L01 plans from a config, the rest run it
-    pm.execute_notebook(str(labs.lab_path(lab)), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR), progress_bar=False,
-                        kernel_name="python3", parameters={"model": model_param, "output_dir": str(out)} | SIZES.get(lab, {}))
+    kernels.execute(labs.lab_path(lab), tmp_path / "run.ipynb", {"model": model_param, "output_dir": str(out)} | SIZES.get(lab, {}))
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["parameters"]["model"] == model_param
     assert len(pd.read_parquet(out / "results.parquet")) > 0

@@ -116,16 +116,14 @@ def test_lab_l06_traffic_mix(tmp_path, second_model):
     """Through the gateway (Redis response cache, an input cap that sends the agents' later turns down the batch lane),
     on the second model (the lab's one CI run, see tests/test_second_model.py); lesson 06 runs the course model without
     a gateway."""
-    import papermill as pm
-
+    from kvlab import kernels
     from kvlab.model import SECOND_MODEL
 
     out = tmp_path / "out"
-    pm.execute_notebook(str(labs.lab_path("L06_traffic_mix")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters={"requests": 12, "agent_share": 0.25, "agent_turns": 3, "growth_tokens": 300,
-                                    "rate_per_s": 1.5, "response_cache": True, "input_cap": 1500, "model": SECOND_MODEL,
-                                    "output_dir": str(out)},
-                        progress_bar=False, kernel_name="python3")
+    kernels.execute(str(labs.lab_path("L06_traffic_mix")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                    parameters={"requests": 12, "agent_share": 0.25, "agent_turns": 3, "growth_tokens": 300,
+                                "rate_per_s": 1.5, "response_cache": True, "input_cap": 1500, "model": SECOND_MODEL,
+                                "output_dir": str(out)})
     assert not serving.running_servers()
     df = pd.read_parquet(out / "results.parquet")
     assert set(df.mix) == {"chat only", "chat + agents"} and (df.groupby("mix").size() == 12).all()

@@ -80,15 +80,13 @@ def test_lab_l09_measures_acceptance_speedup_and_identical_answers(tmp_path, mon
     import json
 
     monkeypatch.setenv("KVLAB_DTYPE", "float32")  # the kernel papermill starts inherits it
-    import papermill as pm
-
-    from kvlab import exercises, labs
+    from kvlab import exercises, kernels, labs
 
     out = tmp_path / "out"
     params = {"tasks": ["edit", "chat"], "ks": [4], "requests": 2, "output_tokens": 48, "batch_sizes": [1, 8],
               "batch_output_tokens": 32, "output_dir": str(out)}
-    pm.execute_notebook(str(labs.lab_path("L09_speculative")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
-                        parameters=params, progress_bar=False, kernel_name="python3")
+    kernels.execute(str(labs.lab_path("L09_speculative")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                    parameters=params)
     summary = pd.read_csv(out / "summary.csv").set_index(["task", "k"])
     results = pd.read_parquet(out / "results.parquet")
     assert summary.loc[("edit", 4), "acceptance_rate"] > summary.loc[("chat", 4), "acceptance_rate"]
