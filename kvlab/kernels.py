@@ -8,6 +8,8 @@ kernel reached over ipc:// sockets and read with jupyter_client's *blocking* cli
   the kernel idle and papermill still waiting for the reply to a cell that had finished (py-spy stacks of both). A
   blocking client polls its sockets with ``zmq_poll``, which reads the socket's real state — the client nbval and
   the course build use, neither of which ever hung.
+
+Papermill's own command line gets the same with ``--engine kvlab`` (``Engine``, registered in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -42,3 +44,27 @@ def execute(notebook: str | Path, output: str | Path, parameters: dict[str, Any]
     return pm.execute_notebook(str(notebook), str(output), parameters=parameters or {}, cwd=str(cwd or notebook.parent),
                                kernel_name=options.pop("kernel_name", "python3"), progress_bar=False,
                                kernel_manager_class=MANAGER, **options)
+
+
+class Engine:
+    """Papermill's nbclient engine with KV Lab's kernel (``papermill --engine kvlab …``): ipc:// and a blocking client.
+    It hands every call to papermill's own engine; not a subclass, because papermill loads its engines while
+    ``papermill.engines`` is still being imported."""
+
+    @staticmethod
+    def _nbclient() -> Any:  # noqa: ANN401 - papermill's engine class
+        from papermill.engines import NBClientEngine
+
+        return NBClientEngine
+
+    @classmethod
+    def execute_notebook(cls, nb: Any, kernel_name: str, **kwargs: Any) -> Any:  # noqa: ANN401 - papermill's NotebookNode
+        return cls._nbclient().execute_notebook(nb, kernel_name, **({"kernel_manager_class": MANAGER} | kwargs))
+
+    @classmethod
+    def nb_kernel_name(cls, nb: Any, name: str | None = None) -> str:  # noqa: ANN401
+        return cls._nbclient().nb_kernel_name(nb, name)
+
+    @classmethod
+    def nb_language(cls, nb: Any, language: str | None = None) -> str:  # noqa: ANN401
+        return cls._nbclient().nb_language(nb, language)

@@ -15,7 +15,7 @@
 # real overhead when it starts, and reserves more than the window for sliding-window layers (lesson 01, section 5;
 # `kvlab.sizing.vllm_kv_plan` gives the engine's own arithmetic).
 #
-# Run it headless: `papermill labs/L01_capacity_planning.ipynb out.ipynb -p model Qwen2.5-7B-Instruct -y "memory_gib: [24, 80]"`.
+# Run it headless: `papermill --engine kvlab labs/L01_capacity_planning.ipynb out.ipynb -p model Qwen2.5-7B-Instruct -y "memory_gib: [24, 80]"`.
 # Results: `results.csv`, `results.parquet`, `metadata.json` and `capacity.html` in `output_dir`.
 
 # %% tags=["parameters"]

@@ -12,7 +12,7 @@
 # Prompt lengths × output lengths × repeats on one engine, each request cold (prefix caching off), warm-up first.
 # Every request is set against this machine's limits (matmul FLOP/s for prefill, memory bandwidth for decode).
 #
-# Headless: `papermill labs/L02_ttft_tpot_sweep.ipynb out.ipynb --cwd labs -y "prompt_lengths: [256, 2048]" -p enforce_eager False`.
+# Headless: `papermill --engine kvlab labs/L02_ttft_tpot_sweep.ipynb out.ipynb --cwd labs -y "prompt_lengths: [256, 2048]" -p enforce_eager False`.
 # Writes `results.csv/.parquet` (one row per request), `summary.csv` (medians and p95 per point), `metadata.json`
 # (parameters, machine, engine settings, measured limits) and `ttft_tpot.html`.
 

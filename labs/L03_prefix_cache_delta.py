@@ -14,7 +14,7 @@
 # emptied before every request (the same as caching off): token hit rate from the engine's counters, TTFT p50/p95,
 # and the TTFT delta.
 #
-# Headless: `papermill labs/L03_prefix_cache_delta.ipynb out.ipynb --cwd labs -p prefix_tokens 2048 -p shared_fraction 0.9`.
+# Headless: `papermill --engine kvlab labs/L03_prefix_cache_delta.ipynb out.ipynb --cwd labs -p prefix_tokens 2048 -p shared_fraction 0.9`.
 # Writes `results.csv/.parquet` (one row per request), `summary.csv`, `metadata.json` and `ttft.html`.
 
 # %% tags=["parameters"]

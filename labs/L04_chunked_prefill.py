@@ -13,7 +13,7 @@
 # on with each token budget in `budgets`. Reports, per configuration, the long prompt's TTFT and the decoders'
 # inter-token gaps (p50/p95/max) while it was prefilled.
 #
-# Headless: `papermill labs/L04_chunked_prefill.ipynb out.ipynb --cwd labs -y "budgets: [128, 512]" -p long_prompt_tokens 4096`.
+# Headless: `papermill --engine kvlab labs/L04_chunked_prefill.ipynb out.ipynb --cwd labs -y "budgets: [128, 512]" -p long_prompt_tokens 4096`.
 # Writes `results.csv/.parquet` (one row per configuration), `tokens.parquet` (every token of every run), `metadata.json`
 # and `tradeoff.html`.
 

@@ -12,7 +12,7 @@
 # Offline batches of B distinct prompts, each with exactly the same prompt and output length: TTFT and TPOT (median,
 # p95), decode throughput (B ÷ TPOT), output throughput (prefill included) and preemptions, per batch size.
 #
-# Headless: `papermill labs/L05_batch_sweep.ipynb out.ipynb --cwd labs -y "batch_sizes: [1, 8, 64]" -p kv_cache_gib 0.25`.
+# Headless: `papermill --engine kvlab labs/L05_batch_sweep.ipynb out.ipynb --cwd labs -y "batch_sizes: [1, 8, 64]" -p kv_cache_gib 0.25`.
 # Writes `results.csv/.parquet` (one row per request), `summary.csv` (one row per batch size), `metadata.json` and
 # `throughput.html`.
 

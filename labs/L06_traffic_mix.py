@@ -14,7 +14,7 @@
 # prompts grow every turn (tool JSON + retrieved documents appended). Client-side TTFT/TPOT per request, prompt and
 # output tokens apart; the server's `/metrics` dashboard numbers per mix; its KV usage and queue sampled meanwhile.
 #
-# Headless: `papermill labs/L06_traffic_mix.ipynb out.ipynb --cwd labs -p agent_share 0.5 -p requests 40`.
+# Headless: `papermill --engine kvlab labs/L06_traffic_mix.ipynb out.ipynb --cwd labs -p agent_share 0.5 -p requests 40`.
 # Writes `results.csv/.parquet` (one row per request), `summary.csv` (one row per mix), `dashboard.csv` (the server's
 # `/metrics` view per mix), `gauges.csv`, `metadata.json` and `dashboard.html`.
 

@@ -16,7 +16,7 @@
 # engine (multiples of its unloaded chat latency; fractions of its closed-loop saturation throughput), so the defaults
 # are a fair test on any machine; `slo_unit="ms"` and `rate_unit="req/s"` take absolute numbers.
 #
-# Headless: `papermill labs/L07_slo_capacity.ipynb out.ipynb --cwd labs -p batch_share 0.2 -p chat_share 0.8`.
+# Headless: `papermill --engine kvlab labs/L07_slo_capacity.ipynb out.ipynb --cwd labs -p batch_share 0.2 -p chat_share 0.8`.
 # Writes `results.csv/.parquet` (one row per request of the sweep), `rates.csv` (one row per rate: goodput, percentiles,
 # the requests behind them), `capacity.csv` (the maximum sustainable rate, its bracket, the knee, the SLO),
 # `calibration.csv` (the unloaded and saturation runs), `metadata.json` and `capacity.html`.

@@ -20,7 +20,7 @@
 # computed from the traffic — so the defaults straddle the interesting point on any model and block size;
 # `budget_unit="blocks"`, `"tokens"` or `"GiB"` take absolute sizes.
 #
-# Headless: `papermill labs/L08_kv_budget.ipynb out.ipynb --cwd labs -p shared_share 0.3 -p concurrency 4`.
+# Headless: `papermill --engine kvlab labs/L08_kv_budget.ipynb out.ipynb --cwd labs -p shared_share 0.3 -p concurrency 4`.
 # Writes `results.csv/.parquet` (one row per request and budget), `budgets.csv` (one row per budget), `events.csv` (the
 # engine's KV cache events, one row per block), `metadata.json` and `hit_rate.html`.
 

@@ -14,7 +14,7 @@
 # and p95), whether the greedy answers stay identical token for token, and the gain as the batch grows. Each k is its
 # own engine (the speculative config is fixed at start-up); k = 0 (off) always runs as the baseline.
 #
-# Headless: `papermill labs/L09_speculative.ipynb out.ipynb --cwd labs -p ks "[1, 3, 5]" -y "tasks: [edit, chat]"`.
+# Headless: `papermill --engine kvlab labs/L09_speculative.ipynb out.ipynb --cwd labs -p ks "[1, 3, 5]" -y "tasks: [edit, chat]"`.
 # Writes `results.csv/.parquet` (one row per request, task, k and repeat), `summary.csv` (per task and k: TPOT p50/p95,
 # E2E p50, acceptance, speed-up), `batches.csv` and `batch_summary.csv` (the batch runs), `metadata.json` and
 # `speedup.html`.

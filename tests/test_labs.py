@@ -131,14 +131,16 @@ def test_unknown_lab_lists_labs():
 
 @pytest.mark.notebook
 def test_a_typo_on_papermills_command_line_fails_with_one_sentence(tmp_path):
-    """papermill itself only warns about a parameter the notebook does not define, and runs on with the default."""
-    res = subprocess.run([sys.executable, "-m", "papermill", str(labs.lab_path("L01")), str(tmp_path / "out.ipynb"),
+    """papermill itself only warns about a parameter the notebook does not define, and runs on with the default. Run
+    the way the README says: with KV Lab's engine (an ipc:// kernel; ipykernel warns of nothing)."""
+    res = subprocess.run([sys.executable, "-m", "papermill", "--engine", "kvlab", str(labs.lab_path("L01")), str(tmp_path / "out.ipynb"),
                           "-p", "memroy_gib", "24", "-p", "output_dir", str(tmp_path / "results")],
                          cwd=labs.LAB_DIR, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
     assert ("KVLabError: Lab L01_capacity_planning has no parameter 'memroy_gib' (did you mean memory_gib?); its parameters "
             "are: model, memory_gib,") in res.stderr
     assert not (tmp_path / "results").exists()  # refused before any work
+    assert "without encryption" not in res.stderr  # ipykernel's warning about a kernel on plain TCP
 
 
 @pytest.mark.notebook
