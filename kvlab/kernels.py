@@ -4,8 +4,8 @@ kernel reached over ipc:// sockets and read with jupyter_client's *blocking* cli
 - ipc://: nothing listens on the network, and ipykernel has no unencrypted TCP to warn about.
 - The blocking client: papermill's default (``AsyncKernelManager``) reads the kernel's replies with an asyncio client
   that waits for a cell's reply with no timeout. A missed wake-up on its edge-triggered ZeroMQ socket then waits
-  forever: CI hung twice in lesson 01 on the second model (15 min, then its limit), and we caught one locally with
-  the kernel idle and papermill still waiting for the reply to a cell that had finished (py-spy stacks of both). A
+  forever: CI hung twice in lesson 01 on the second model (15 min, then its limit), and we caught one locally: py-spy
+  showed the kernel idle and papermill still waiting for the reply to a cell that had finished. A
   blocking client polls its sockets with ``zmq_poll``, which reads the socket's real state — the client nbval and
   the course build use, neither of which ever hung.
 
