@@ -215,6 +215,32 @@ def fit_context(wanted: int, model: str | None = None) -> int:
     return min(wanted, int(limit)) if limit else wanted
 
 
+def _random_model(auto_class: Any, cfg: Any) -> Any:
+    """A bf16 model with random weights: built on the meta device and filled once — N(0, the config's init std) for
+    matrices, 1 for norm scales, 0 for biases, as transformers' own init — in half the time of ``from_config`` (which
+    initialises every layer twice, in float32). A model with persistent buffers is built the slow, exact way."""
+    import torch
+
+    with torch.device("meta"):
+        model = auto_class.from_config(cfg, dtype=torch.bfloat16)
+    named = dict(model.named_parameters())
+    if set(model.state_dict()) - set(named) - {n for n, _ in model.named_parameters(remove_duplicate=False)}:
+        return auto_class.from_config(cfg).to(torch.bfloat16)
+    text = cfg.get_text_config()
+    std = getattr(text, "initializer_range", None) or getattr(text, "init_std", None) or 0.02
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.dim() == 1:  # a norm's scale
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std)
+    model.tie_weights()
+    return model
+
+
 def _save_random_model(target: Path, make_config: Callable[[], Any], tokenizer_from: str, stamp: dict) -> Path:
     """Build a model with random weights (seed 0, bf16: half the disk) from a config, save it with a tokenizer into
     ``target`` atomically (temporary folder, then rename: never half-written), and stamp it."""
@@ -229,7 +255,7 @@ def _save_random_model(target: Path, make_config: Callable[[], Any], tokenizer_f
 
             cfg = make_config()
             torch.manual_seed(0)
-            AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(tmp)
+            _random_model(AutoModelForCausalLM, cfg).save_pretrained(tmp)
             AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(tmp)
         (tmp / STAMP).write_text(json.dumps(stamp | {"weights": "random (seed 0)"}, default=str))
         shutil.rmtree(target, ignore_errors=True)

@@ -116,7 +116,7 @@ print(f"Llama-3.1-8B, {short}-token prompt on the {gpu.device}: {llama8b.prefill
 # %%
 decode_tokens, repeats = kvlab.pick(32, 16), kvlab.pick(5, 3)
 context = kvlab.kv_capacity(llm).max_model_len  # a model with a shorter context runs the lengths that fit
-prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 512, 1024]) if n + decode_tokens <= context]
+prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + decode_tokens <= context]
 runs = experiments.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")
 limits = roofline.best_of(limits, roofline.measure_limits(quick=kvlab.quick()))  # the peak seen before or after
 runs = roofline.add_bounds(runs, cost, limits)
@@ -229,7 +229,7 @@ print(f"client TTFT − engine TTFT: {gap_ms.min():.1f} to {gap_ms.max():.1f} ms
 
 # %%
 kvlab.close_engine(llm)
-widths = experiments.decode_by_width(kvlab.pick([1, 1.34, 1.67, 2], [1, 1.34, 2]), prompt_tokens=128,
+widths = experiments.decode_by_width([1, 1.34, 2], prompt_tokens=128,
                                      output_tokens=kvlab.pick(32, 16), repeats=kvlab.pick(5, 3), min_repeats=3)
 clean = kvlab.outliers.clean(widths)
 fit = roofline.fit_decode(clean.step_bytes, clean.tpot_s)

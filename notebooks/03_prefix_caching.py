@@ -146,7 +146,7 @@ assert (unique.cached_tokens == 0).all()
 # caching off). Hit rate from the engine's own counters.
 
 # %%
-n_requests = 10
+n_requests = kvlab.pick(10, 6)
 mixed_on, counters_on = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=True)
 mixed_off, counters_off = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=False)
 mixed = pd.concat([mixed_on, mixed_off])

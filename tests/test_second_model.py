@@ -18,10 +18,8 @@ SECOND = model.SECOND_MODEL
 #: Labs whose own test runs them on the second model, with that test's assertions (and where it lives).
 ELSEWHERE = {"L02_ttft_tpot_sweep": "test_labs.py", "L03_prefix_cache_delta": "test_labs.py",
              "L04_chunked_prefill": "test_labs.py", "L05_batch_sweep": "test_labs.py",
-             "L06_traffic_mix": "test_serving.py", "L07_slo_capacity": "test_capacity.py", "L08_kv_budget": "test_paged.py"}
-#: Smaller sizes for the labs run here (documented lab parameters, no edit of the lab): the code paths, in less time.
-SIZES = {"L09_speculative": {"tasks": ["edit", "chat"], "ks": [4], "requests": 1, "batch_sizes": [1, 4],
-                             "batch_output_tokens": 32}}
+             "L06_traffic_mix": "test_serving.py", "L07_slo_capacity": "test_capacity.py", "L08_kv_budget": "test_paged.py",
+             "L09_speculative": "test_speculative.py"}
 
 
 def test_every_lab_runs_on_the_second_model_here_or_in_its_own_test():
@@ -91,7 +89,7 @@ def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch
     monkeypatch.setenv("KVLAB_QUICK", "1")
     out = tmp_path / "out"
     model_param = str(second_model) if lab.startswith("L01") else SECOND  # L01 plans from a config, the rest run it
-    kernels.execute(labs.lab_path(lab), tmp_path / "run.ipynb", {"model": model_param, "output_dir": str(out)} | SIZES.get(lab, {}))
+    kernels.execute(labs.lab_path(lab), tmp_path / "run.ipynb", {"model": model_param, "output_dir": str(out)})
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["parameters"]["model"] == model_param
     assert len(pd.read_parquet(out / "results.parquet")) > 0

@@ -73,25 +73,28 @@ def test_lab_l09_bad_input_is_one_sentence_naming_the_parameter(given, message):
 
 
 @pytest.mark.notebook
-def test_lab_l09_measures_acceptance_speedup_and_identical_answers(tmp_path, monkeypatch):
-    """Lab L09 headless on the real engine: copy-heavy work is accepted more often than open chat, the answers stay
-    identical (in float32: in bf16 the verify pass's rounding flips near-ties), and every table the exercises read is
-    written."""
+def test_lab_l09_writes_every_table_the_exercises_read(tmp_path, second_model):
+    """Lab L09 headless on the real engine, on the second model (the lab's one CI run, see tests/test_second_model.py):
+    speculation off and on, the batch runs, every table the exercises read, and their solutions. Random weights copy
+    nothing, so what depends on a model that copies its input — edit accepted more often than chat, answers identical
+    in float32 — is asserted by lesson 09 on the course model, through the same ``speculative`` functions."""
     import json
 
-    monkeypatch.setenv("KVLAB_DTYPE", "float32")  # the kernel papermill starts inherits it
     from kvlab import exercises, kernels, labs
+    from kvlab.model import SECOND_MODEL
 
     out = tmp_path / "out"
-    params = {"tasks": ["edit", "chat"], "ks": [4], "requests": 2, "output_tokens": 48, "batch_sizes": [1, 8],
-              "batch_output_tokens": 32, "output_dir": str(out)}
+    params = {"tasks": ["edit", "chat"], "ks": [4], "requests": 1, "output_tokens": 48, "batch_sizes": [1, 4],
+              "batch_output_tokens": 32, "model": SECOND_MODEL, "output_dir": str(out)}
     kernels.execute(str(labs.lab_path("L09_speculative")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
                     parameters=params)
     summary = pd.read_csv(out / "summary.csv").set_index(["task", "k"])
     results = pd.read_parquet(out / "results.parquet")
-    assert summary.loc[("edit", 4), "acceptance_rate"] > summary.loc[("chat", 4), "acceptance_rate"]
-    assert results[results.k == 4].identical.mean() >= 0.9
+    assert set(summary.index) == {("edit", 0), ("edit", 4), ("chat", 0), ("chat", 4)}
+    assert summary.loc[[("edit", 4), ("chat", 4)], "acceptance_rate"].between(0, 1).all()
     assert (results[results.k == 0].tokens_per_chunk == 1).all()  # without speculation: one token per chunk
-    assert set(pd.read_csv(out / "batch_summary.csv").batch_size) == {1, 8}
-    assert json.loads((out / "metadata.json").read_text())["parameters"]["ks"] == [4]
+    assert results.identical.dtype == bool and set(results.k) == {0, 4}
+    assert set(pd.read_csv(out / "batch_summary.csv").batch_size) == {1, 4}
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["parameters"]["ks"] == [4] and meta["parameters"]["model"] == SECOND_MODEL
     assert len(exercises.solve("L09", out)) == 4
