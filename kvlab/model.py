@@ -223,9 +223,8 @@ def _random_model(auto_class: Any, cfg: Any) -> Any:
 
     with torch.device("meta"):
         model = auto_class.from_config(cfg, dtype=torch.bfloat16)
-    named = dict(model.named_parameters())
-    if set(model.state_dict()) - set(named) - {n for n, _ in model.named_parameters(remove_duplicate=False)}:
-        return auto_class.from_config(cfg).to(torch.bfloat16)
+    if set(model.state_dict()) - {name for name, _ in model.named_parameters(remove_duplicate=False)}:
+        return auto_class.from_config(cfg).to(torch.bfloat16)  # persistent buffers: to_empty would leave them unset
     text = cfg.get_text_config()
     std = getattr(text, "initializer_range", None) or getattr(text, "init_std", None) or 0.02
     model = model.to_empty(device="cpu")
