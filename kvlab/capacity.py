@@ -164,6 +164,25 @@ def run_open_loop(llm: Any, maker: Requests, rates_rps: list[float], seconds: fl
     return pd.concat(frames, ignore_index=True)
 
 
+#: Backlog growth (requests per second, ``backlog_growth``) above which a rate overloads the engine: its queue grows
+#: visibly for as long as requests arrive.
+OVERLOAD_GROWTH_RPS = 0.5
+
+
+def extend_to_overload(llm: Any, maker: Requests, sweep: pd.DataFrame, seconds: float, min_requests: int = 12,
+                       factor: float = 2.0, tries: int = 2, seed: int = 0, **run_args: Any) -> pd.DataFrame:
+    """Add a rate at ``factor`` × the top one while the top rate did not overload the engine, at most ``tries`` times.
+    A closed loop's saturation understates an open loop's capacity (the open loop batches more requests than there
+    were users) by an amount that depends on the machine and model, so a fixed multiple of it may not overload."""
+    for _ in range(tries):
+        top = float(sweep.rate_rps.max())
+        if backlog_growth(sweep[sweep.rate_rps == top]) > OVERLOAD_GROWTH_RPS:
+            break
+        more = run_open_loop(llm, maker, [round(top * factor, 2)], seconds, min_requests, seed, progress=False, **run_args)
+        sweep = pd.concat([sweep, more], ignore_index=True)
+    return sweep
+
+
 def run_closed_loop(llm: Any, maker: Requests, users: int, count: int, think_s: float = 0.0, seed: int = 0,
                     **run_args: Any) -> pd.DataFrame:
     """One closed-loop run; one row per request with the number of ``users``."""

@@ -74,14 +74,15 @@ def model_shapes(model: str | None = None, tokens: int = 2048) -> list[tuple[int
     return [(tokens, hidden, inner), (tokens, inner, hidden)]
 
 
-def _measure_here(dtype: str, quick: bool, extra_shapes: tuple[tuple[int, int, int], ...] = ()) -> MachineLimits:
+def _measure_here(dtype: str, quick: bool, extra_shapes: tuple[tuple[int, int, int], ...] = (),
+                  matmul: bool = True) -> MachineLimits:
     """The measurement itself, in this process (see ``measure_limits``)."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tdtype = getattr(torch, dtype)
     # (M, K, N): square and the tall-skinny shapes prefill runs (many tokens × a layer's weight); the best one wins
-    shapes = (CPU_SHAPES if device == "cpu" else GPU_SHAPES) + tuple(extra_shapes)
+    shapes = ((CPU_SHAPES if device == "cpu" else GPU_SHAPES) + tuple(extra_shapes)) if matmul else ()
     repeats = 8  # quick mode too: a peak measured low makes every bound wrong
     flops = 0.0
     for m, k, n in shapes:
@@ -96,8 +97,10 @@ def _measure_here(dtype: str, quick: bool, extra_shapes: tuple[tuple[int, int, i
     return MachineLimits(flops, max(copy_bw, read_bw), dtype, device, torch.get_num_threads())
 
 
-def measure_limits(dtype: str | None = None, quick: bool = False, model: str | None = None) -> MachineLimits:
-    """Measure peak matmul FLOP/s and memory bandwidth with torch, in a fresh process; a few seconds.
+def measure_limits(dtype: str | None = None, quick: bool = False, model: str | None = None,
+                   matmul: bool = True) -> MachineLimits:
+    """Measure peak matmul FLOP/s and memory bandwidth with torch, in a fresh process; a few seconds
+    (``matmul=False``: the bandwidth alone, FLOP/s reported as 0 — for a bandwidth peak measured beside a decode run).
 
     A fresh process, because a CPU engine pins its threads to cores in the process that runs it, after which
     torch's own matmuls there run slower and the "peak" would be too low (the bound too slow). Best of several
@@ -114,8 +117,9 @@ def measure_limits(dtype: str | None = None, quick: bool = False, model: str | N
         from kvlab.engine import resolved_dtype
 
         dtype = resolved_dtype(model)
-    extra = tuple(model_shapes(model))
-    code = f"import json, kvlab.roofline as r; print(json.dumps(r._measure_here({dtype!r}, {quick!r}, {extra!r}).as_dict()))"
+    extra = tuple(model_shapes(model)) if matmul else ()
+    code = (f"import json, kvlab.roofline as r; "
+            f"print(json.dumps(r._measure_here({dtype!r}, {quick!r}, {extra!r}, {matmul!r}).as_dict()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
     return MachineLimits(**json.loads(out.stdout.strip().splitlines()[-1]))
 

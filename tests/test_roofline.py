@@ -101,6 +101,9 @@ def test_limits_are_measured_and_plausible():
     limits = roofline.measure_limits("float32", quick=True)
     assert 1e9 < limits.matmul_flops < 1e14 and 1e8 < limits.bandwidth < 1e13
     assert json.dumps(limits.as_dict())
+    alone = roofline.measure_limits("float32", quick=True, matmul=False)  # the bandwidth alone, beside a decode fit
+    assert alone.matmul_flops == 0 and 1e8 < alone.bandwidth < 1e13
+    assert roofline.best_of(limits, alone).matmul_flops == limits.matmul_flops
 
 
 def test_a_verifying_pass_is_bound_by_weight_reads_until_its_tokens_reach_the_ridge():

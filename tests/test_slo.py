@@ -158,3 +158,22 @@ def test_input_cap_routes_long_prompts_to_the_batch_lane():
     assert {a.lane for a in capped if len(a.prompt_ids) <= 400} == {""}
     with pytest.raises(KVLabError, match="input cap must be at least 1 token"):
         capacity.route_by_input_cap(arrivals, 0)
+
+
+def queue(rate_rps: float, capacity_rps: float, count: int = 40) -> pd.DataFrame:
+    """A first-come-first-served server completing ``capacity_rps`` requests per second, fed every 1/rate seconds."""
+    done, rows = 0.0, []
+    for i in range(count):
+        arrival = i / rate_rps
+        done = max(done, arrival) + 1 / capacity_rps
+        rows.append({"arrival_s": arrival, "last_token_s": done, "rate_rps": rate_rps})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(("capacity_rps", "added"), [(3.0, []), (10.0, [8.0, 16.0]), (100.0, [8.0, 16.0])])
+def test_a_sweep_whose_top_rate_kept_up_doubles_it_until_the_queue_grows(monkeypatch, capacity_rps, added):
+    monkeypatch.setattr(capacity, "run_open_loop", lambda llm, maker, rates, *a, **k: queue(rates[0], capacity_rps))
+    swept = capacity.extend_to_overload(None, None, queue(4.0, capacity_rps), seconds=5)
+    assert sorted(set(swept.rate_rps) - {4.0}) == added  # at most two more; none when 4 req/s already overloads
+    top = swept[swept.rate_rps == swept.rate_rps.max()]
+    assert (capacity.backlog_growth(top) > capacity.OVERLOAD_GROWTH_RPS) == (capacity_rps < 16)
