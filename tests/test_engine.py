@@ -113,6 +113,9 @@ def test_sweep_rows_are_cold_and_tidy(engine):
     assert len(df) == 4 and set(df.prompt_tokens) == {64, 256} and (df.output_tokens == 4).all()
     assert (df.cached_tokens == 0).all() and (df.dtype == "float32").all()
     assert set(df.repeat) == {0, 1}
+    more = kvlab.experiments.sweep(engine, [64, 256], [2, 4], repeats=2, warmup=0, desc="test", reuse=df)
+    assert more[more.output_tokens == 4].equals(df)  # the points already timed are taken, not timed again
+    assert len(more[more.output_tokens == 2]) == 4 and (more[more.output_tokens == 2].cached_tokens == 0).all()
 
 
 def test_sweep_with_min_repeats_stops_between_the_floor_and_the_ceiling(engine):

@@ -56,23 +56,40 @@ def test_not_yaml_and_no_runs_are_one_sentence(tmp_path):
         grid.load_grid(write(tmp_path, "output: x\n"))
 
 
-@pytest.mark.notebook
-def test_grid_with_a_failing_entry_finishes_the_rest_and_resumes_only_that_entry(tmp_path, capsys):
-    grid_file = write(tmp_path, """
+#: Three L01 runs, one of which fails at run time (Llama-9 is no preset). The Ray test runs the first two on Ray.
+FAILING_GRID = """
 runs:
   - lab: L01_capacity_planning
     parameters: {memory_gib: [24, 80], context_lengths: [8192, 32768]}
     grid:
-      model: [Llama-3.1-8B, Llama-9, Qwen2.5-7B-Instruct]   # Llama-9 is no preset: that run fails at run time
+      model: [Llama-3.1-8B, Llama-9, Qwen2.5-7B-Instruct]
       kv_dtype: [bf16]
-""")
-    out = tmp_path / "out"
-    assert main(["labs", "run", str(grid_file), "--out", str(out)]) == 1
+"""
+
+
+@pytest.fixture(scope="module")
+def local_grid(tmp_path_factory):
+    """FAILING_GRID run once locally: (grid file, output folder, exit code, what it printed)."""
+    import contextlib
+    import io
+
+    folder = tmp_path_factory.mktemp("local-grid")
+    grid_file = write(folder, FAILING_GRID)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["labs", "run", str(grid_file), "--out", str(folder / "out")])
+    return grid_file, folder / "out", code, printed.getvalue()
+
+
+@pytest.mark.notebook
+def test_grid_with_a_failing_entry_finishes_the_rest_and_resumes_only_that_entry(local_grid):
+    grid_file, out, code, printed = local_grid
+    assert code == 1
     first = pd.read_csv(out / "runs.csv")
     assert sorted(first.status) == ["failed", "ok", "ok"] and (first.action == "executed").all()
     failed = first[first.status == "failed"].iloc[0]
     assert "Unknown model preset 'Llama-9'" in failed.error
-    assert "FAILED" in capsys.readouterr().out
+    assert "FAILED" in printed
     assert (out / "runs" / failed.run_id / "L01_capacity_planning.ipynb").exists()  # the executed notebook is kept
 
     assert main(["labs", "run", str(grid_file), "--out", str(out)]) == 1  # second run: only the failed entry executes
@@ -134,21 +151,15 @@ def _listening_addresses(stop, seen) -> None:
 
 
 @pytest.mark.notebook
-def test_ray_grid_lands_results_like_a_local_run_resumes_and_listens_on_loopback_only(tmp_path):
+def test_ray_grid_lands_results_like_a_local_run_resumes_and_listens_on_loopback_only(tmp_path, local_grid):
     """A small L01 grid on a local Ray instance: each run is a Ray task that owns the (only) node; the results land in
     the same folders as a local run's, collect is unchanged, a second run executes only what failed."""
     import threading
 
     pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
-    grid_file = write(tmp_path, """
-runs:
-  - lab: L01_capacity_planning
-    parameters: {memory_gib: [24, 80], context_lengths: [8192, 32768]}
-    grid:
-      model: [Llama-3.1-8B, Llama-9]   # Llama-9 is no preset: that run fails at run time
-""")
-    local, on_ray = tmp_path / "local", tmp_path / "ray"
-    assert main(["labs", "run", str(grid_file), "--out", str(local)]) == 1
+    grid_file = write(tmp_path, FAILING_GRID.replace(", Qwen2.5-7B-Instruct", ""))  # its first two runs, same ids
+    _, local, _, _ = local_grid
+    on_ray = tmp_path / "ray"
     stop, seen = threading.Event(), set()
     sampler = threading.Thread(target=_listening_addresses, args=(stop, seen), daemon=True)
     sampler.start()
@@ -159,10 +170,11 @@ runs:
         sampler.join()
     assert seen and all(_loopback(ip) for ip, _ in seen), sorted(seen)  # Ray's servers included
 
-    def files(out):
-        return {str(p.relative_to(out / "runs")) for p in (out / "runs").rglob("*") if p.is_file()}
+    def files(out, run_ids):
+        return {str(p.relative_to(out / "runs")) for p in (out / "runs").rglob("*") if p.is_file() and p.relative_to(out / "runs").parts[0] in run_ids}
 
-    assert files(on_ray) == files(local)  # the same layout, run for run
+    ray_ids = {p.name for p in (on_ray / "runs").iterdir()}
+    assert len(ray_ids) == 2 and files(on_ray, ray_ids) == files(local, ray_ids)  # the same layout, run for run
     table = pd.read_csv(on_ray / "runs.csv").set_index("run_id")
     assert sorted(table.status) == ["failed", "ok"] and table.node.notna().all()
     failed = table[table.status == "failed"].index[0]
@@ -178,6 +190,7 @@ runs:
     ray_rows = pd.read_parquet(on_ray / "collected" / "L01_capacity_planning.parquet")
     main(["labs", "collect", str(local)])
     local_rows = pd.read_parquet(local / "collected" / "L01_capacity_planning.parquet")
+    local_rows = local_rows[local_rows.run_id.isin(ray_rows.run_id)]
     key = ["context", "memory_gib", "max_sequences", "kv_tokens"]
     assert ray_rows[key].sort_values(key).reset_index(drop=True).equals(local_rows[key].sort_values(key).reset_index(drop=True))
 

@@ -75,17 +75,21 @@ def test_owners_follow_the_whole_prefix_not_just_one_block():
     assert labels == ["a, b", "a", "b", "c", "c", "a", ""]
 
 
+#: Both real-engine scenarios in one process (one vLLM import, and the first engine also gives the block size and
+#: bytes per token that size the second one's 12-block pool). A process of its own: closing an in-process engine
+#: would tear down the session engine's parallel state.
 _ENGINE_RUN = """
 import json
 import kvlab
 from kvlab import kvevents
 from kvlab.caching import prefix_counters
 from kvlab.experiments import generate_timed
-from kvlab.prompts import prompt_of_length
+from kvlab.prompts import distinct_prompts, prompt_of_length
 
 with kvevents.Subscriber() as sub:
-    llm = kvlab.make_engine(enforce_eager=True, **sub.engine_args())
-    block = kvlab.kv_capacity(llm).block_size
+    llm = kvlab.make_engine(enforce_eager=True, kv_cache_gib=1.0, max_model_len=1024, **sub.engine_args())
+    cap = kvlab.kv_capacity(llm)
+    block = cap.block_size
     ids = prompt_of_length(llm.get_tokenizer(), 3 * block + 17)
     before = prefix_counters(llm)
     first = generate_timed(llm, ids, 2)
@@ -96,44 +100,12 @@ with kvevents.Subscriber() as sub:
     sub.wait_quiet()
     events = sub.table()
     folder = sub.folder
-kvlab.close_engine(llm)
-print(json.dumps({"block": block, "events": events.event.tolist(), "tokens": events.tokens.tolist(),
-                  "positions": events.position.tolist(), "cached": [first.num_cached_tokens, second.num_cached_tokens, third.num_cached_tokens],
-                  "hits": after["hits"] - before["hits"], "folder_left": folder.exists()}))
-"""
-
-
-@pytest.mark.engine
-def test_a_prompt_stores_its_full_blocks_and_the_events_agree_with_the_counters():
-    """On the real engine (in its own process: closing an in-process engine would tear down the session engine's
-    parallel state): a prompt of 3 blocks + 17 tokens stores 3 blocks — the partial one never — the second identical
-    request hits exactly those, the engine's hit counter agrees, and a reset of the cache is an event too."""
-    import json
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-c", _ENGINE_RUN], capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    block = out["block"]
-    assert out["events"] == ["stored"] * 3 + ["cleared"] + ["stored"] * 3, out["events"]
-    assert out["tokens"][:3] == [block] * 3 and out["positions"][:3] == [0, 1, 2]
-    assert out["cached"] == [0, 3 * block, 0]  # the second request found the 3 blocks (none stored); after the reset, none
-    assert out["hits"] == 3 * block  # the engine's own counter agrees with the events
-    assert not out["folder_left"]
-
-
-_LRU_RUN = """
-import json
-import kvlab
-from kvlab import kvevents
-from kvlab.experiments import generate_timed
-from kvlab.prompts import distinct_prompts, prompt_of_length
+    kvlab.close_engine(llm)
+stored = {"block": block, "events": events.event.tolist(), "tokens": events.tokens.tolist(),
+          "positions": events.position.tolist(), "cached": [first.num_cached_tokens, second.num_cached_tokens, third.num_cached_tokens],
+          "hits": after["hits"] - before["hits"], "folder_left": folder.exists()}
 
 with kvevents.Subscriber() as sub:
-    llm = kvlab.make_engine(enforce_eager=True, kv_cache_gib=1.0, max_model_len=1024, **sub.engine_args())
-    cap = kvlab.kv_capacity(llm)
-    kvlab.close_engine(llm)
     blocks, size = 12, cap.block_size
     llm = kvlab.make_engine(enforce_eager=True, kv_cache_memory_bytes=blocks * size * cap.bytes_per_token,
                             max_model_len=blocks * size // 2, **sub.engine_args())
@@ -155,22 +127,42 @@ with kvevents.Subscriber() as sub:
     num_blocks = kvlab.kv_capacity(llm).num_blocks
     kvlab.close_engine(llm)
 removed = t[t.event == "removed"].owner.tolist()
-print(json.dumps({"size": size, "blocks": num_blocks, "hits": hits, "removed": removed}))
+lru = {"size": size, "blocks": num_blocks, "hits": hits, "removed": removed}
+print(json.dumps({"stored": stored, "lru": lru}))
 """
 
 
-@pytest.mark.engine
-def test_an_unused_shared_prefix_is_evicted_least_recently_used_first():
-    """A 12-block pool: a 4-block shared prefix survives unique traffic while it keeps being used (the unique
-    requests' own blocks are evicted instead, oldest first); once only unique traffic runs, the prefix is the least
-    recently used and goes first — the BlockRemoved events name its blocks, and the next shared request misses."""
+@pytest.fixture(scope="module")
+def engine_run() -> dict:
+    """The two scenarios' results from one engine process."""
     import json
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-c", _LRU_RUN], capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "-c", _ENGINE_RUN], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.engine
+def test_a_prompt_stores_its_full_blocks_and_the_events_agree_with_the_counters(engine_run):
+    """On the real engine: a prompt of 3 blocks + 17 tokens stores 3 blocks — the partial one never — the second
+    identical request hits exactly those, the engine's hit counter agrees, and a reset of the cache is an event too."""
+    out = engine_run["stored"]
+    block = out["block"]
+    assert out["events"] == ["stored"] * 3 + ["cleared"] + ["stored"] * 3, out["events"]
+    assert out["tokens"][:3] == [block] * 3 and out["positions"][:3] == [0, 1, 2]
+    assert out["cached"] == [0, 3 * block, 0]  # the second request found the 3 blocks (none stored); after the reset, none
+    assert out["hits"] == 3 * block  # the engine's own counter agrees with the events
+    assert not out["folder_left"]
+
+
+@pytest.mark.engine
+def test_an_unused_shared_prefix_is_evicted_least_recently_used_first(engine_run):
+    """A 12-block pool: a 4-block shared prefix survives unique traffic while it keeps being used (the unique
+    requests' own blocks are evicted instead, oldest first); once only unique traffic runs, the prefix is the least
+    recently used and goes first — the BlockRemoved events name its blocks, and the next shared request misses."""
+    out = engine_run["lru"]
     size = out["size"]
     assert out["blocks"] == 12
     assert out["hits"]["touched"] == [4 * size] * 4  # the prefix survived every unique request
