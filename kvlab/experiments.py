@@ -144,7 +144,8 @@ def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeat
     kept = pd.DataFrame()
     if reuse is not None:
         kept = reuse[[pt in points for pt in zip(reuse.prompt_tokens, reuse.output_tokens, strict=True)]]
-        points = [pt for pt in points if pt not in set(zip(kept.prompt_tokens, kept.output_tokens, strict=True))]
+        have = set(zip(kept.prompt_tokens, kept.output_tokens, strict=True))
+        points = [pt for pt in points if pt not in have]
     rows: list[dict[str, Any]] = []
     with tqdm(total=repeats * len(points), desc=desc, unit="req") as bar:
         for r in range(repeats):
