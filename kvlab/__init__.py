@@ -4,6 +4,15 @@ from __future__ import annotations
 
 __version__ = "0.2.0"
 
+import atexit  # noqa: E402
+import gc  # noqa: E402
+
+# A process that loaded torch and vLLM spends ~3 s at exit in the interpreter's last garbage collection over millions of
+# objects (gdb on such an exit: Py_FinalizeEx -> finalize_modules -> gc_collect_main). Handlers run last-registered
+# first, so this one runs after every later one (kvlab.services' stop_all, vLLM's shutdowns) and freezes the heap just
+# before that final walk, which then skips it: 3.0 -> 0.4 s per exit, measured (an engine's kernel, a lab, a course run).
+atexit.register(gc.freeze)
+
 from kvlab import (  # noqa: E402
     caching,
     config,

@@ -202,15 +202,25 @@ def create_app(upstream: str, tokenizer: str, redis_url: str | None = None, inpu
             return JSONResponse(reply, status_code=upstream_reply.status_code, headers=headers)
 
         async def relay() -> Any:
-            text, finish, usage, buffer, ok = [], None, None, b"", False
+            text, finish, usage, buffer, stored = [], None, None, b"", False
+
+            async def store_answer() -> None:
+                answer = "".join(text)
+                await cache_put(key, {"text": answer, "finish_reason": finish, "usage": usage,
+                                      "response": {"object": "chat.completion", "model": model, "usage": usage,
+                                                   "choices": [{"index": 0, "finish_reason": finish,
+                                                                "message": {"role": "assistant", "content": answer}}]}})
+
             try:
                 async with client.stream("POST", "/v1/chat/completions", json=body) as upstream_reply:
+                    ok = upstream_reply.status_code == 200
                     async for part in upstream_reply.aiter_raw():
-                        yield part
                         buffer += part
+                        done = False
                         while b"\n\n" in buffer:
                             event, buffer = buffer.split(b"\n\n", 1)
                             data = event.decode(errors="replace").removeprefix("data: ").strip()
+                            done = done or data == "[DONE]"
                             if not data or data == "[DONE]":
                                 continue
                             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # relayed, not parsed
@@ -219,16 +229,17 @@ def create_app(upstream: str, tokenizer: str, redis_url: str | None = None, inpu
                                 for c in msg.get("choices", []):
                                     text.append((c.get("delta") or {}).get("content") or "")
                                     finish = c.get("finish_reason") or finish
-                    ok = upstream_reply.status_code == 200
+                        if done and key is not None and ok and finish and not stored:
+                            # stored before the client sees the end: a repeat sent right after this answer is a hit
+                            # (stored after it, a repeat raced the store and missed when the machine was busy)
+                            await store_answer()
+                            stored = True
+                        yield part
             finally:
                 if batch:
                     lane.release()
-            if key is not None and ok and finish:
-                answer = "".join(text)
-                await cache_put(key, {"text": answer, "finish_reason": finish, "usage": usage,
-                                      "response": {"object": "chat.completion", "model": model, "usage": usage,
-                                                   "choices": [{"index": 0, "finish_reason": finish,
-                                                                "message": {"role": "assistant", "content": answer}}]}})
+            if key is not None and ok and finish and not stored:  # a stream that ended without [DONE]
+                await store_answer()
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
 
@@ -295,8 +306,8 @@ def three_paths(client: Any, system: str, turns: list[str], max_tokens: int = 8,
     """The same kind of request down every path, through a gateway with Redis (lesson 03): **cold prefill** (each with
     a system prompt no earlier request had: a new ticket number first), **warm prefix** (the shared system prompt,
     cached by one earlier request), **response cache** (exact repeats of the warm ones), and each of ``variants``
-    ({name: one edited system prompt per turn}, each new to both caches: a paraphrase, a version bump) — one row per
-    request, client-side timing."""
+    ({name: one edited system prompt per turn, for the first turns or all}, each new to both caches: a paraphrase, a
+    version bump) — one row per request, client-side timing."""
     import pandas as pd
 
     from kvlab.serving import stream_chat
@@ -311,7 +322,9 @@ def three_paths(client: Any, system: str, turns: list[str], max_tokens: int = 8,
     rows += [ask("warm prefix", system, t) for t in turns]
     rows += [ask("response cache", system, t) for t in turns]
     for name, texts in (variants or {}).items():
-        rows += [ask(name, text, t) for text, t in zip(texts, turns, strict=True)]
+        if len(texts) > len(turns):
+            raise ValueError(f"{len(texts)} {name} prompts for {len(turns)} turns: at most one per turn.")
+        rows += [ask(name, text, t) for text, t in zip(texts, turns[: len(texts)], strict=True)]
     return pd.DataFrame(rows)
 
 

@@ -61,11 +61,14 @@ pd.Series(capacity.as_dict(), name="engine report").to_frame()
 # %% [markdown]
 # ## 3. First tokens
 #
-# A greedy answer (temperature 0) is deterministic, so we can check it.
+# A greedy answer (temperature 0) is deterministic, so we can check it. The model never sees the question bare: the
+# chat template wraps it in role markers (some models add a default system prompt), and those tokens are part of the
+# prompt the engine processes — printed below as the engine received them.
 
 # %%
 first = kvlab.chat(llm, "What is the capital of France?")
 answer = first.outputs[0].text
+print(f"{len(first.prompt_token_ids)} prompt tokens: {llm.get_tokenizer().decode(first.prompt_token_ids)!r}")
 print(answer)
 if kvlab.config.model_name() == kvlab.DEFAULT_MODEL:
     assert "Paris" in answer, answer

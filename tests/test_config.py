@@ -102,3 +102,17 @@ def test_bf16_speed_is_measured_once_per_machine_and_cached(monkeypatch, tmp_pat
     engine.bf16_gemm_speedup.cache_clear()
     assert engine.bf16_gemm_speedup() == 0.5
     engine.bf16_gemm_speedup.cache_clear()
+
+
+def test_the_heap_is_frozen_at_exit_after_later_handlers_and_before_earlier_ones():
+    """kvlab's exit hook (gc.freeze, which skips the interpreter's last collection) runs after the handlers registered
+    after `import kvlab` and before those registered before it, so every shutdown handler still runs."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, gc\n"
+            "atexit.register(lambda: print('earlier', gc.get_freeze_count() > 0))\n"
+            "import kvlab\n"
+            "atexit.register(lambda: print('later', gc.get_freeze_count() > 0))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["later False", "earlier True"], out

@@ -63,25 +63,9 @@ def test_a_context_beyond_the_model_s_own_is_one_sentence_with_the_limit():
     assert kvlab.model.fit_context(4096, base) == 2048 and kvlab.model.fit_context(1024, base) == 1024
 
 
-_BASE_CHAT = """
-import json, kvlab
-llm = kvlab.make_engine(kvlab.model.BASE_MODEL, enforce_eager=True, kv_cache_gib=0.1)
-out = kvlab.chat(llm, "What is the capital of France?", max_tokens=4, ignore_eos=True)
-print(json.dumps({"prompt": llm.get_tokenizer().decode(out.prompt_token_ids), "out": len(out.outputs[0].token_ids)}))
-"""
-
-
-def test_a_base_model_without_a_chat_template_chats_in_plain_lines():
-    """No chat template: vLLM alone refuses (vllm/renderers/hf.py); kvlab.chat and the server use the plain one. The
-    engine runs in a separate process (closing it would tear down the shared engine's process-wide state)."""
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-c", _BASE_CHAT], capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "has no chat template" in res.stdout
-    ran = json.loads(res.stdout.strip().splitlines()[-1])
-    assert ran == {"prompt": "User: What is the capital of France?\nAssistant:", "out": 4}
+def test_a_base_model_without_a_chat_template_gets_the_plain_template_on_the_server_too():
+    """No chat template: vLLM alone refuses (vllm/renderers/hf.py); the server gets KV Lab's plain one, as kvlab.chat
+    uses in-process (an engine on the base model runs lesson 00 in tests/test_second_model.py and checks the prompt)."""
     cmd = kvlab.serving.Server(kvlab.model.BASE_MODEL).command()
     template = cmd[cmd.index("--chat-template") + 1]
     assert open(template).read() == kvlab.prompts.PLAIN_CHAT_TEMPLATE

@@ -91,9 +91,11 @@ def test_gateway_serves_repeats_from_redis_survives_an_outage_and_refuses_over_c
 
     question = [{"role": "user", "content": "Name three colours."}]
     long_prompt = [{"role": "user", "content": "word " * 300}]
-    with serving.Server(enforce_eager=True, max_model_len=1024) as server, RedisServer() as redis_server, \
+    with serving.Server(enforce_eager=True, max_model_len=1024, distributed_executor_backend="uni") as server, \
+            RedisServer() as redis_server, \
             gateway.Gateway(server.url, str(model_dir), redis_server.redis_url, input_cap=128, ttl_s=60) as gw:
         client = gw.client()
+        assert not [p for p in server.processes() if "Worker" in p.name()]  # "uni": the engine core runs the model itself
 
         def ask(stream: bool) -> tuple[str, str]:
             raw = client.chat.completions.with_raw_response.create(model=serving.SERVED_NAME, messages=question,

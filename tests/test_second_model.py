@@ -70,7 +70,8 @@ def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_pa
 
 def test_lesson_00_runs_with_a_base_model_that_has_no_chat_template(tmp_path, monkeypatch):
     """A third layout (OPT: one KV head per query head, a ReLU MLP, learned positions, 2,048 positions) and a base
-    model: no chat template, so chats go out in KV Lab's plain lines, said in one note; the 'Paris' check is skipped."""
+    model: no chat template, so chats go out in KV Lab's plain lines (vLLM alone refuses: vllm/renderers/hf.py), said
+    in one note and shown as the prompt the engine received; the 'Paris' check is skipped."""
     from kvlab import kernels
 
     monkeypatch.setenv("KVLAB_MODEL", model.BASE_MODEL)
@@ -80,6 +81,7 @@ def test_lesson_00_runs_with_a_base_model_that_has_no_chat_template(tmp_path, mo
                     cwd=str(config.REPO_ROOT / "notebooks"))
     text = outputs_text(executed)
     assert model.BASE_MODEL in text and "has no chat template" in text and "check for 'Paris' is skipped" in text
+    assert repr("User: What is the capital of France?\nAssistant:") in text  # the plain lines, exactly
 
 
 @pytest.mark.parametrize("lab", [lab for lab in labs.list_labs() if lab not in ELSEWHERE])

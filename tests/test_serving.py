@@ -35,6 +35,14 @@ def test_server_binds_loopback_by_default_and_builds_its_command():
     assert cmd[1:3] == ["-m", serving.SERVER_MODULE] and "--trust-remote-code" not in cmd
 
 
+def test_the_uniprocess_executor_asked_for_is_the_one_the_cpu_server_runs():
+    """vLLM's CPU platform turns "uni" into "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING is "0" (vllm/platforms/cpu.py)."""
+    uni = serving.Server(enforce_eager=True, distributed_executor_backend="uni")
+    assert uni.env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert uni.command()[-2:] == ["--distributed-executor-backend", "uni"]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in serving.Server(enforce_eager=True).env()  # vLLM's default: "mp"
+
+
 def test_histogram_quantile_interpolates_like_prometheus():
     # 10 observations: 4 in (0, 0.1], 4 in (0.1, 0.5], 2 in (0.5, 1]
     values = {"h_bucket{le=0.1}": 4, "h_bucket{le=0.5}": 8, "h_bucket{le=1.0}": 10, "h_bucket{le=+Inf}": 10,
