@@ -61,7 +61,8 @@ class Server(HttpService):
     def __init__(self, model: str | None = None, port: int | None = None, host: str = "127.0.0.1",
                  timeout_s: float = 300.0, **engine_args: Any) -> None:
         self.model = resolve_model(model)
-        self.engine_args = engine_arguments(**engine_args)
+        # None means vLLM's own default: no flag, and nothing saved as a setting
+        self.engine_args = {k: v for k, v in engine_arguments(**engine_args).items() if v is not None}
         super().__init__(port, host, timeout_s)
         self.log_file = config.build_dir() / "logs" / f"server-{os.getpid()}-{self.port}.log"
 

@@ -34,6 +34,7 @@ cache_ttl_s = 600.0  # response-cache entry lifetime, seconds
 input_cap = 0  # interactive input cap in prompt tokens, enforced by the gateway (0: none); over-cap requests go to its batch lane
 kv_cache_gib = 1.0  # KV cache budget, GiB
 enforce_eager = True  # True: no torch.compile; False: compiled (slow first start)
+executor = ""  # where the server runs the model: '' vLLM's default (on a CPU a worker process with one core kept for the scheduler, lesson 06), 'uni' inside its engine core on every core, 'mp' a worker process
 output_dir = ""  # where results go; empty: build/labs/L06_traffic_mix
 
 # %%
@@ -61,7 +62,8 @@ mixes = {"chat only": traffic.traffic_mix(tok, p.requests, 0.0, p.agent_turns, p
 runs, boards, gauges = {}, {}, {}
 with contextlib.ExitStack() as stack:  # everything started here is stopped at the end of the block, whatever happens
     server = stack.enter_context(serving.start_server(p.model or None, enforce_eager=p.enforce_eager, kv_cache_gib=p.kv_cache_gib,
-                                                      enable_prefix_caching=p.prefix_caching))
+                                                      enable_prefix_caching=p.prefix_caching,
+                                                      distributed_executor_backend=p.executor or None))
     front = cache = None
     if p.response_cache or p.input_cap:
         cache = stack.enter_context(RedisServer()) if p.response_cache else None

@@ -1,5 +1,5 @@
 """The course's main job on notebook 00: papermill execution, HTML page, index; no vLLM noise shown. The build runs
-the second model (``KVLAB_MODEL``): this one run is also lesson 00's run beyond the course model
+the base model (``KVLAB_MODEL``): this one run is also lesson 00's run beyond the course model
 (tests/test_second_model.py); nbval runs lesson 00 on the course model, with its check for 'Paris'."""
 
 import json
@@ -12,10 +12,14 @@ from kvlab import config, course
 pytestmark = pytest.mark.notebook
 
 
-def test_build_notebook_00_writes_html_and_index(tmp_path, second_model, monkeypatch):
-    from kvlab.model import SECOND_MODEL
+def test_build_notebook_00_writes_html_and_index(tmp_path, monkeypatch):
+    """The course build on lesson 00, run with the base model (tests/test_second_model.py): a third layout (OPT: one KV
+    head per query head, a ReLU MLP, learned positions, 2,048 positions) with no chat template, so chats go out in KV
+    Lab's plain lines (vLLM alone refuses: vllm/renderers/hf.py), said in one note and shown as the prompt the engine
+    received; the 'Paris' check is skipped."""
+    from kvlab.model import BASE_MODEL
 
-    monkeypatch.setenv("KVLAB_MODEL", SECOND_MODEL)  # the kernel papermill starts inherits it
+    monkeypatch.setenv("KVLAB_MODEL", BASE_MODEL)  # the kernel papermill starts inherits it
     nb = course.lessons()[0]
     assert nb.name == "00_setup_and_first_tokens.ipynb"
     index, runs = course.build([nb], tmp_path)
@@ -32,11 +36,15 @@ def test_build_notebook_00_writes_html_and_index(tmp_path, second_model, monkeyp
     assert "start-ups (how many)" in report and "whole course" in report
     executed = json.loads((tmp_path / "notebooks" / nb.name).read_text())
     outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    shown = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    def joined(text: str | list[str]) -> str:  # the .ipynb format may store a text as a list of lines
+        return "".join(text) if isinstance(text, list) else text
+
+    shown = "".join(joined(o.get("text", "")) + joined(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs), "progress widget shown"
     for noise in (" INFO ", "WARNING", "Loading safetensors", "it/s]", "Triton"):
         assert noise not in shown, f"learners would see {noise!r}"
-    assert SECOND_MODEL in shown and "check for 'Paris' is skipped" in shown  # the environment report names the model
+    assert BASE_MODEL in shown and "check for 'Paris' is skipped" in shown  # the environment report names the model
+    assert "has no chat template" in shown and repr("User: What is the capital of France?\nAssistant:") in shown
 
 
 def test_every_headless_run_talks_over_ipc_sockets_with_a_blocking_client(tmp_path, capfd):

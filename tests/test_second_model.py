@@ -1,7 +1,7 @@
 """The course beyond its own model: a second architecture (Qwen2 layout: q/k/v biases, 8 query heads on 2 KV heads,
 24 layers, random weights, made locally) through lessons 00-02 and every lab, unedited, in quick mode. Labs whose own
-test already runs them on this model (``ELSEWHERE``) are not run twice: one run per lab covers both; lesson 00's run
-with this model is the course build's (tests/test_course.py)."""
+test already runs them on this model (``ELSEWHERE``) are not run twice: one run per lab covers both. Lesson 00 runs
+in the course build's test (tests/test_course.py) on a third layout, the base model (OPT, no chat template)."""
 
 from __future__ import annotations
 
@@ -47,9 +47,10 @@ def outputs_text(executed) -> str:
                    for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 
-def test_lesson_00_runs_with_the_second_model_in_the_course_build():
+def test_lesson_00_runs_with_the_base_model_in_the_course_build():
     source = (config.REPO_ROOT / "tests" / "test_course.py").read_text()
-    assert 'setenv("KVLAB_MODEL", SECOND_MODEL)' in source and "check for 'Paris' is skipped" in source
+    assert 'setenv("KVLAB_MODEL", BASE_MODEL)' in source and "check for 'Paris' is skipped" in source
+    assert "has no chat template" in source
 
 
 @pytest.mark.parametrize("lesson", ["01_kv_cache_by_hand", "02_prefill_vs_decode"])
@@ -66,22 +67,6 @@ def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_pa
         assert "MHA copy (8 KV heads)" in text and "formula 0.250×" in text and "formula 2.000×" in text
     if lesson.startswith("02"):
         assert "prefill is compute-bound from" in text
-
-
-def test_lesson_00_runs_with_a_base_model_that_has_no_chat_template(tmp_path, monkeypatch):
-    """A third layout (OPT: one KV head per query head, a ReLU MLP, learned positions, 2,048 positions) and a base
-    model: no chat template, so chats go out in KV Lab's plain lines (vLLM alone refuses: vllm/renderers/hf.py), said
-    in one note and shown as the prompt the engine received; the 'Paris' check is skipped."""
-    from kvlab import kernels
-
-    monkeypatch.setenv("KVLAB_MODEL", model.BASE_MODEL)
-    monkeypatch.setenv("KVLAB_QUICK", "1")
-    executed = tmp_path / "00.ipynb"
-    kernels.execute(str(config.REPO_ROOT / "notebooks" / "00_setup_and_first_tokens.ipynb"), str(executed),
-                    cwd=str(config.REPO_ROOT / "notebooks"))
-    text = outputs_text(executed)
-    assert model.BASE_MODEL in text and "has no chat template" in text and "check for 'Paris' is skipped" in text
-    assert repr("User: What is the capital of France?\nAssistant:") in text  # the plain lines, exactly
 
 
 @pytest.mark.parametrize("lab", [lab for lab in labs.list_labs() if lab not in ELSEWHERE])

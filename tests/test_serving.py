@@ -131,7 +131,7 @@ def test_lab_l06_traffic_mix(tmp_path, second_model):
     kernels.execute(str(labs.lab_path("L06_traffic_mix")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
                     parameters={"requests": 12, "agent_share": 0.25, "agent_turns": 3, "growth_tokens": 300,
                                 "rate_per_s": 1.5, "response_cache": True, "input_cap": 1500, "model": SECOND_MODEL,
-                                "output_dir": str(out)})
+                                "executor": "uni", "output_dir": str(out)})
     assert not serving.running_servers()
     df = pd.read_parquet(out / "results.parquet")
     assert set(df.mix) == {"chat only", "chat + agents"} and (df.groupby("mix").size() == 12).all()
@@ -146,7 +146,8 @@ def test_lab_l06_traffic_mix(tmp_path, second_model):
     assert (dash.requests == 12).all() and dash.loc["chat + agents", "prompt tokens"] > dash.loc["chat only", "prompt tokens"]
     assert {"response-cache hit rate", "prefix cache hit rate"} <= set(dash.columns)  # both hit rates, per mix
     assert dash.loc["chat only", "sent down the batch lane"] == 0 < dash.loc["chat + agents", "sent down the batch lane"]
-    assert json.loads((out / "metadata.json").read_text())["parameters"]["model"] == SECOND_MODEL
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["parameters"]["model"] == SECOND_MODEL and meta["engine"]["distributed_executor_backend"] == "uni"
 
 
 def test_lab_l06_refuses_bad_parameters():

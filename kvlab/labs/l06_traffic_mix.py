@@ -73,6 +73,9 @@ LAB = Lab(
               "go to its batch lane", between=(0, 10_000_000)),
         Param("kv_cache_gib", 1.0, "KV cache budget, GiB", positive=True),
         Param("enforce_eager", True, "True: no torch.compile; False: compiled (slow first start)"),
+        Param("executor", "", "where the server runs the model: '' vLLM's default (on a CPU a worker process with one core "
+              "kept for the scheduler, lesson 06), 'uni' inside its engine core on every core, 'mp' a worker process",
+              choices=("", "uni", "mp")),
         output_param(NAME),
     ),
     questions=(
