@@ -259,6 +259,7 @@ cores = pools.cores_available()
 split = {"chat": (cores[: len(cores) // 2], [a for a in arrivals if a.label == "chat"]),
          "batch": (cores[len(cores) // 2 :], [a for a in arrivals if a.label == "batch"])}
 pool_runs = pools.run_pools(split, kvlab.resolve_model(), engine_args)
+assert all(len(pool_runs[name]) == len(jobs) for name, (_, jobs) in split.items())  # each pool answered all its requests
 settings[f"separate pools ({len(split['chat'][0])} + {len(split['batch'][0])} cores)"] = pd.concat(pool_runs.values(), ignore_index=True)
 mitigations = pd.DataFrame([capacity.pool_row(name, df, objective) for name, df in settings.items()])
 mitigations.round(2)
