@@ -2,9 +2,9 @@
 the base model (``KVLAB_MODEL``): this one run is also lesson 00's run beyond the course model
 (tests/test_second_model.py); nbval runs lesson 00 on the course model, with its check for 'Paris'."""
 
-import json
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from kvlab import config, course
@@ -34,12 +34,9 @@ def test_build_notebook_00_writes_html_and_index(tmp_path, monkeypatch):
     numbers = report.split("Headline numbers from this build", 1)[1]
     assert "TTFT" in numbers and "ms" in numbers
     assert "start-ups (how many)" in report and "whole course" in report
-    executed = json.loads((tmp_path / "notebooks" / nb.name).read_text())
-    outputs = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    def joined(text: str | list[str]) -> str:  # the .ipynb format may store a text as a list of lines
-        return "".join(text) if isinstance(text, list) else text
-
-    shown = "".join(joined(o.get("text", "")) + joined(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    executed = nbformat.read(tmp_path / "notebooks" / nb.name, as_version=4)  # texts joined, as a notebook shows them
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    shown = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs), "progress widget shown"
     for noise in (" INFO ", "WARNING", "Loading safetensors", "it/s]", "Triton"):
         assert noise not in shown, f"learners would see {noise!r}"

@@ -65,7 +65,7 @@ def test_a_context_beyond_the_model_s_own_is_one_sentence_with_the_limit():
 
 def test_a_base_model_without_a_chat_template_gets_the_plain_template_on_the_server_too():
     """No chat template: vLLM alone refuses (vllm/renderers/hf.py); the server gets KV Lab's plain one, as kvlab.chat
-    uses in-process (an engine on the base model runs lesson 00 in tests/test_second_model.py and checks the prompt)."""
+    uses in-process (an engine on the base model runs lesson 00 in tests/test_course.py and checks the prompt)."""
     cmd = kvlab.serving.Server(kvlab.model.BASE_MODEL).command()
     template = cmd[cmd.index("--chat-template") + 1]
     assert open(template).read() == kvlab.prompts.PLAIN_CHAT_TEMPLATE
