@@ -202,9 +202,14 @@ def create_app(upstream: str, tokenizer: str, redis_url: str | None = None, inpu
             return JSONResponse(reply, status_code=upstream_reply.status_code, headers=headers)
 
         async def relay() -> Any:
-            text, finish, usage, buffer, stored = [], None, None, b"", False
+            text, finish, usage, buffer, ok, stored = [], None, None, b"", False, False
 
-            async def store_answer() -> None:
+            async def store_once() -> None:
+                """Put a complete answer (status 200, a finish reason) to a cacheable request in Redis, once."""
+                nonlocal stored
+                if key is None or not ok or not finish or stored:
+                    return
+                stored = True
                 answer = "".join(text)
                 await cache_put(key, {"text": answer, "finish_reason": finish, "usage": usage,
                                       "response": {"object": "chat.completion", "model": model, "usage": usage,
@@ -229,17 +234,15 @@ def create_app(upstream: str, tokenizer: str, redis_url: str | None = None, inpu
                                 for c in msg.get("choices", []):
                                     text.append((c.get("delta") or {}).get("content") or "")
                                     finish = c.get("finish_reason") or finish
-                        if done and key is not None and ok and finish and not stored:
+                        if done:
                             # stored before the client sees the end: a repeat sent right after this answer is a hit
                             # (stored after it, a repeat raced the store and missed when the machine was busy)
-                            await store_answer()
-                            stored = True
+                            await store_once()
                         yield part
             finally:
                 if batch:
                     lane.release()
-            if key is not None and ok and finish and not stored:  # a stream that ended without [DONE]
-                await store_answer()
+            await store_once()  # a stream that ended without [DONE]
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
 
