@@ -1,6 +1,7 @@
 # KV Lab. The two commands of the README:
 #   make course   set everything up, execute every notebook headless, write build/index.html
 #   make test     set everything up (with the dev and ray extras), run all tests (quick mode)
+#   make unit     the tests that need no engine and no notebook kernel (under a minute)
 # and `make lab` opens JupyterLab on the course (127.0.0.1 only).
 
 VENV := .venv
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 export KVLAB_BUILD_DIR ?= $(CURDIR)/build
 NOTEBOOKS := notebooks/*.ipynb labs/*.ipynb instructors/*.ipynb
 
-.PHONY: course preview test setup browser redis lab sync lint lock compare-vllm clean
+.PHONY: course preview test unit setup browser redis lab sync lint lock compare-vllm clean
 
 course: setup redis
 	$(BIN)/kvlab build
@@ -19,6 +20,10 @@ preview: setup  ## the course's pages from the notebooks as written, no executio
 test: export KVLAB_EXTRAS = dev,ray
 test: setup browser redis
 	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax --durations=20
+
+unit: export KVLAB_EXTRAS = dev
+unit: setup  ## the tests that need no engine and no notebook kernel: under a minute
+	KVLAB_QUICK=1 $(BIN)/python -m pytest -p no:cacheprovider tests -m "not engine and not notebook" -q
 
 setup:
 	@bash scripts/setup.sh

@@ -5,7 +5,7 @@ vLLM's `bench latency` (``vllm/benchmarks/latency.py``) times whole ``llm.genera
 ``SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, detokenize=True)`` and the same prompt every iteration.
 With batch size 1:  TTFT ≈ latency(P, 1),  TPOT ≈ (latency(P, N) − latency(P, 1)) ÷ (N − 1).
 Equal terms here: both tools sample the same way (temperature 1, top-p 1, detokenized), the machine's dtype
-(``engine.model_dtype``), eager, prefix caching **off** on both (the benchmark repeats one prompt: with caching on its
+(``hardware.model_dtype``), eager, prefix caching **off** on both (the benchmark repeats one prompt: with caching on its
 later iterations would skip prefill), 1 GiB of KV, in-process engine, the same number of warm-up and timed runs, and
 the two tools take turns (ROUNDS rounds of bench, bench, kvlab), so a slow minute of a shared machine falls on both.
 kvlab is read two ways: the same wall-clock arithmetic as the benchmark, and its own per-request engine timestamps.
@@ -26,14 +26,15 @@ from pathlib import Path
 import pandas as pd
 
 import kvlab
-from kvlab import envinfo, experiments, timing
-from kvlab.engine import model_dtype
+from kvlab import prefill_decode, timing
+from kvlab.runtime import envinfo
+from kvlab.runtime.hardware import model_dtype
 
 P, N, ITERS = int(os.environ.get("P", 1024)), int(os.environ.get("N", 64)), int(os.environ.get("ITERS", 3))
 ROUNDS = int(os.environ.get("ROUNDS", 3))
 WARMUP = 2
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "detokenize": True}  # what `bench latency` uses
-OUT = kvlab.config.REPO_ROOT / "data" / "reference" / "cpu" / "compare_vllm_bench.json"
+OUT = kvlab.runtime.config.REPO_ROOT / "data" / "reference" / "cpu" / "compare_vllm_bench.json"
 
 
 def bench(input_len: int, output_len: int, dtype: str) -> list[float]:
@@ -64,7 +65,7 @@ def main() -> None:
         lat1 += bench(P, 1, dtype)
         latn += bench(P, N, dtype)
         llm = kvlab.make_engine(enable_prefix_caching=False, enforce_eager=True, dtype=dtype, kv_cache_gib=1.0)
-        frames.append(experiments.sweep(llm, [P], [1, N], ITERS, warmup=WARMUP, desc=f"kvlab round {r + 1}",
+        frames.append(prefill_decode.sweep(llm, [P], [1, N], ITERS, warmup=WARMUP, desc=f"kvlab round {r + 1}",
                                         sampling=SAMPLING).assign(round=r))
         kvlab.close_engine(llm)
     df = pd.concat(frames, ignore_index=True)

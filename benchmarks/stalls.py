@@ -27,9 +27,10 @@ from typing import Any
 import pandas as pd
 
 import kvlab
-from kvlab import envinfo, prompts
+from kvlab import prompts
+from kvlab.runtime import envinfo
 
-OUT = kvlab.config.REPO_ROOT / "data" / "reference" / "cpu" / "stalls"
+OUT = kvlab.runtime.config.REPO_ROOT / "data" / "reference" / "cpu" / "stalls"
 TICK = os.sysconf("SC_CLK_TCK")
 
 

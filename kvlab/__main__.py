@@ -2,6 +2,6 @@
 
 import sys
 
-from kvlab.cli import main
+from kvlab.course.cli import main
 
 sys.exit(main())

@@ -13,8 +13,12 @@ from typing import Any
 
 import pandas as pd
 
-from kvlab.config import REPO_ROOT
-from kvlab.errors import KVLabError
+from kvlab.prompts import check_fits, distinct_prompts, prompt_of_length
+from kvlab.runtime.config import REPO_ROOT
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.serving import stream_chat
+from kvlab.runtime.templates import chat_template_ids
+from kvlab.timing import generate_timed, request_timing
 
 PREFIX_DIR = REPO_ROOT / "data" / "prefix"
 VERSION_TAG = "Policy version: 2026-11-01."
@@ -45,7 +49,6 @@ def user_turns() -> list[str]:
 
 def chat_ids(tokenizer: Any, system: str, user: str) -> list[int]:
     """Token ids of a chat prompt (system + user, generation prompt added) in the model's own chat template."""
-    from kvlab.prompts import chat_template_ids
 
     return chat_template_ids(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": user}])
 
@@ -102,8 +105,6 @@ def prefix_counters(llm: Any) -> dict[str, int]:
 def timed_requests(llm: Any, prompts: list[list[int]], labels: list[str] | None = None, max_tokens: int = 4,
                    cold: bool = False) -> pd.DataFrame:
     """Send prompts one at a time; TTFT and cached tokens per request. ``cold`` empties the cache before each."""
-    from kvlab.experiments import generate_timed
-    from kvlab.timing import request_timing
 
     rows = []
     for i, ids in enumerate(prompts):
@@ -130,7 +131,6 @@ def cold_vs_warm(llm: Any, system: str, turns: list[str], max_tokens: int = 4) -
 
 def prefix_length_sweep(llm: Any, prefix_lengths: list[int], suffix_tokens: int, repeats: int, max_tokens: int = 4) -> pd.DataFrame:
     """Shared prefix of each length + a unique suffix: cold and warm TTFT, and how many tokens were reused."""
-    from kvlab.prompts import distinct_prompts, prompt_of_length
 
     tok = llm.get_tokenizer()
     rows = []
@@ -176,7 +176,6 @@ def mixed_traffic(llm: Any, system: str, turns: list[str], requests: int, shared
     """
     import random
 
-    from kvlab.prompts import distinct_prompts
 
     tok = llm.get_tokenizer()
     rng = random.Random(seed)
@@ -184,7 +183,7 @@ def mixed_traffic(llm: Any, system: str, turns: list[str], requests: int, shared
     length = len(chat_ids(tok, system, turns[0]))
     uniques = iter(distinct_prompts(tok, length, kinds.count("unique"), seed=seed + 17))
     prompts = [chat_ids(tok, system, rng.choice(turns)) if k == "shared prefix" else next(uniques) for k in kinds]
-    return _run_traffic(llm, prompts, kinds, caching, max_tokens)
+    return _run_mixed(llm, prompts, kinds, caching, max_tokens)
 
 
 def token_traffic(llm: Any, prefix_tokens: int, suffix_tokens: int, requests: int, shared_fraction: float, seed: int = 0,
@@ -192,7 +191,6 @@ def token_traffic(llm: Any, prefix_tokens: int, suffix_tokens: int, requests: in
     """Like ``mixed_traffic`` with token-exact prompts from real text: a shared prefix + unique suffixes, or unique."""
     import random
 
-    from kvlab.prompts import distinct_prompts, prompt_of_length
 
     tok = llm.get_tokenizer()
     kinds = _traffic_kinds(requests, shared_fraction, random.Random(seed))
@@ -200,11 +198,10 @@ def token_traffic(llm: Any, prefix_tokens: int, suffix_tokens: int, requests: in
     suffixes = iter(distinct_prompts(tok, suffix_tokens, requests, seed=seed + 1))
     uniques = iter(distinct_prompts(tok, prefix_tokens + suffix_tokens, requests, seed=seed + 17))
     prompts = [prefix + next(suffixes) if k == "shared prefix" else next(uniques) for k in kinds]
-    return _run_traffic(llm, prompts, kinds, caching, max_tokens)
+    return _run_mixed(llm, prompts, kinds, caching, max_tokens)
 
 
-def _run_traffic(llm: Any, prompts: list[list[int]], kinds: list[str], caching: bool, max_tokens: int) -> tuple[pd.DataFrame, dict[str, float]]:
-    from kvlab.prompts import check_fits
+def _run_mixed(llm: Any, prompts: list[list[int]], kinds: list[str], caching: bool, max_tokens: int) -> tuple[pd.DataFrame, dict[str, float]]:
 
     for ids in prompts:
         check_fits(len(ids), max_tokens, llm.llm_engine.vllm_config.model_config.max_model_len)
@@ -216,3 +213,30 @@ def _run_traffic(llm: Any, prompts: list[list[int]], kinds: list[str], caching: 
     hits = after["hits"] - before["hits"]
     return df.assign(caching="on" if caching else "off"), {"queried_tokens": queries, "hit_tokens": hits,
                                                            "token_hit_rate": hits / queries if queries else 0.0}
+
+
+
+def three_paths(client: Any, system: str, turns: list[str], max_tokens: int = 8,
+                variants: dict[str, list[str]] | None = None) -> Any:
+    """The same kind of request down every path, through a gateway with Redis (lesson 03): **cold prefill** (each with
+    a system prompt no earlier request had: a new ticket number first), **warm prefix** (the shared system prompt,
+    cached by one earlier request), **response cache** (exact repeats of the warm ones), and each of ``variants``
+    ({name: one edited system prompt per turn, for the first turns or all}, each new to both caches: a paraphrase, a
+    version bump) — one row per request, client-side timing."""
+    import pandas as pd
+
+
+    def ask(path: str, system_text: str, turn: str) -> dict[str, Any]:
+        messages = [{"role": "system", "content": system_text}, {"role": "user", "content": turn}]
+        return stream_chat(client, messages, max_tokens, label=path) | {"question": turn[:40]}
+
+    ask("warm-up", f"Warm-up\n{system}", "Hello.")  # the server's first long prefill warms its kernels: not a sample
+    rows = [ask("cold prefill", f"Ticket #{40_000 + i}\n{system}", t) for i, t in enumerate(turns)]
+    ask("warm-up", system, "Hello.")  # caches the shared prefix in the engine
+    rows += [ask("warm prefix", system, t) for t in turns]
+    rows += [ask("response cache", system, t) for t in turns]
+    for name, texts in (variants or {}).items():
+        if len(texts) > len(turns):
+            raise ValueError(f"{len(texts)} {name} prompts for {len(turns)} turns: at most one per turn.")
+        rows += [ask(name, text, t) for text, t in zip(texts, turns[: len(texts)], strict=True)]
+    return pd.DataFrame(rows)

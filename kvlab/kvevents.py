@@ -27,6 +27,8 @@ from typing import Any
 
 import pandas as pd
 
+from kvlab.runtime.engine import import_vllm
+
 COLUMNS = ["seq", "ts", "event", "block_hash", "parent_hash", "position", "tokens", "token_ids"]
 
 
@@ -46,7 +48,6 @@ class Subscriber:
 
     def engine_args(self) -> dict[str, Any]:
         """The ``kv_events_config`` that makes the engine publish to this subscriber."""
-        from kvlab.engine import import_vllm
 
         import_vllm()  # the course's environment first (in-process engine on CPU), then vLLM's config classes
         from vllm.config import KVEventsConfig
@@ -57,7 +58,6 @@ class Subscriber:
     def start(self) -> Subscriber:
         """Connect and start collecting (before the engine starts, so no event is missed); a second call (``with
         Subscriber().start() as sub``) keeps the one connection, so no event is counted twice."""
-        from kvlab.engine import import_vllm
 
         if self._thread is not None and self._thread.is_alive():
             return self

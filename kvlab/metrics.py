@@ -133,3 +133,29 @@ def as_table(values: dict[str, float], contains: str = "") -> pd.DataFrame:
     """Series whose name contains ``contains``, as a two-column table (for reading raw ``/metrics``)."""
     rows: list[dict[str, Any]] = [{"series": k, "value": v} for k, v in sorted(values.items()) if contains in k]
     return pd.DataFrame(rows, columns=["series", "value"])
+
+
+
+def hit_rates(engine_before: dict[str, float], engine_after: dict[str, float], gateway_values: dict[str, float]) -> dict[str, float]:
+    """The two hit rates of one run, side by side: the gateway's response cache (requests answered from Redis ÷
+    lookups) and the engine's prefix cache (prompt tokens hit ÷ queried, from two scrapes of the server)."""
+    hits = gateway_values.get('kvlab_gateway_response_cache_total{result="hit"}', 0.0)
+    misses = gateway_values.get('kvlab_gateway_response_cache_total{result="miss"}', 0.0)
+    queried = engine_after.get("vllm:prefix_cache_queries_total", 0.0) - engine_before.get("vllm:prefix_cache_queries_total", 0.0)
+    hit_tokens = engine_after.get("vllm:prefix_cache_hits_total", 0.0) - engine_before.get("vllm:prefix_cache_hits_total", 0.0)
+    return {"response-cache hit rate (requests, gateway)": hits / (hits + misses) if hits + misses else float("nan"),
+            "prefix-cache hit rate (tokens, engine)": hit_tokens / queried if queried else float("nan")}
+
+
+
+def board(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The gateway's dashboard numbers for a window, from two scrapes of its ``/metrics`` (``metrics.scrape_prefix``)."""
+    def d(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    hits, misses = d('kvlab_gateway_response_cache_total{result="hit"}'), d('kvlab_gateway_response_cache_total{result="miss"}')
+    return {"response-cache hit rate": hits / (hits + misses) if hits + misses else float("nan"),
+            "answered from Redis": d('kvlab_gateway_requests_total{route="response_cache"}'),
+            "sent down the batch lane": d('kvlab_gateway_requests_total{route="batch_lane"}'),
+            "rejected over the input cap": d('kvlab_gateway_requests_total{route="rejected"}'),
+            "cache errors": d("kvlab_gateway_cache_errors_total")}

@@ -12,9 +12,15 @@ import random
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
 
-from kvlab.errors import KVLabError
+from kvlab import kvevents, metrics
+from kvlab.caching import prefix_counters, timed_requests
+from kvlab.prompts import distinct_prompts, prompt_of_length
+from kvlab.runtime.engine import close_engine, kv_capacity, make_engine
+from kvlab.runtime.errors import KVLabError
 from kvlab.sizing import blocks_needed  # ⌈tokens / block size⌉: lesson 01's arithmetic, one definition
+from kvlab.timing import generate_batch, p95, timing_table
 
 
 def check_budget(blocks: int, block_size: int, max_model_len: int) -> None:
@@ -29,7 +35,6 @@ def engine_with_blocks(blocks: int, block_size: int, bytes_per_token: int, max_m
                        **engine_args: Any) -> Any:
     """An engine whose KV cache is exactly ``blocks`` blocks (budget = blocks × block size × bytes per token, lesson
     01's arithmetic); refuses a budget too small for one sequence before anything starts."""
-    from kvlab.engine import kv_capacity, make_engine
 
     check_budget(blocks, block_size, max_model_len)
     llm = make_engine(model, kv_cache_memory_bytes=blocks * block_size * bytes_per_token, max_model_len=max_model_len,
@@ -44,7 +49,6 @@ def shared_prefix_traffic(tokenizer: Any, count: int, shared_share: float, prefi
                           unique_tokens: int, seed: int = 0) -> list[tuple[str, list[int]]]:
     """``count`` requests as (label, token ids): a share ``shared_share`` start with the same ``prefix_tokens``-token
     prefix (then a distinct suffix), the rest are unique prompts of ``unique_tokens`` tokens; order seeded."""
-    from kvlab.prompts import distinct_prompts, prompt_of_length
 
     if not 0 <= shared_share <= 1:
         raise KVLabError(f"shared_share must be a fraction between 0 and 1, got {shared_share!r}.")
@@ -58,7 +62,6 @@ def shared_prefix_traffic(tokenizer: Any, count: int, shared_share: float, prefi
 
 def run_sequential(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: int) -> pd.DataFrame:
     """Send the requests one after another; one timing row each (with ``label`` and ``cached_tokens``)."""
-    from kvlab.caching import timed_requests
 
     return timed_requests(llm, [ids for _, ids in requests], [label for label, _ in requests], max_tokens)
 
@@ -66,9 +69,6 @@ def run_sequential(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: 
 def preemption_run(llm: Any, sequences: int, prompt_tokens: int, output_tokens: int, seed: int = 0) -> pd.DataFrame:
     """``sequences`` distinct requests submitted together, each growing to ``prompt_tokens + output_tokens``; one
     timing row each with the engine's count of its preemptions."""
-    from kvlab.experiments import generate_batch
-    from kvlab.prompts import distinct_prompts
-    from kvlab.timing import timing_table
 
     prompts = distinct_prompts(llm.get_tokenizer(), prompt_tokens, sequences, seed=seed)
     llm.reset_prefix_cache()
@@ -152,12 +152,10 @@ def prefix_blocks_of(prefix_tokens: int, block_size: int) -> int:
     return prefix_tokens // block_size
 
 
-def run_traffic(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: int, concurrency: int = 1) -> pd.DataFrame:
+def run_in_waves(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: int, concurrency: int = 1) -> pd.DataFrame:
     """The requests one after another (``concurrency`` 1), or in waves of ``concurrency`` submitted together."""
     if concurrency <= 1:
         return run_sequential(llm, requests, max_tokens)
-    from kvlab.experiments import generate_batch
-    from kvlab.timing import timing_table
 
     waves = []
     for start in range(0, len(requests), concurrency):
@@ -172,7 +170,6 @@ def block_residency(llm: Any) -> dict[str, float]:
     many blocks were handed out again and how long they had lived / sat idle. vLLM records a block when the pool hands
     it out again, cached or not (``block_pool.py``: ``_maybe_evict_cached_block`` calls ``on_block_evicted`` before it
     checks for a hash), so with sample rate 1 the count is at least the BlockRemoved events."""
-    from kvlab import metrics
 
     values = metrics.engine_values(llm)
     life, idle = "vllm:kv_block_lifetime_seconds", "vllm:kv_block_idle_before_evict_seconds"
@@ -197,9 +194,6 @@ def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefi
     KV cache events (when a ``kvevents.Subscriber`` is given). Each engine is closed before the next starts."""
     from tqdm.auto import tqdm
 
-    from kvlab import kvevents
-    from kvlab.caching import prefix_counters
-    from kvlab.engine import close_engine
 
     prefix_blocks = len(prefix_ids) // block_size
     rows, engine_rows, event_tables = [], [], []
@@ -211,7 +205,7 @@ def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefi
                 subscriber.wait_quiet()
                 subscriber.clear()
             before = prefix_counters(llm)
-            res = run_traffic(llm, traffic, output_tokens, concurrency)
+            res = run_in_waves(llm, traffic, output_tokens, concurrency)
             after = prefix_counters(llm)
             residency = block_residency(llm)
         finally:
@@ -239,7 +233,6 @@ def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefi
 def budget_table(results: pd.DataFrame, engine: pd.DataFrame, block_size: int, bytes_per_token: int) -> pd.DataFrame:
     """One row per budget: its size in blocks, tokens and MiB, the engine's token hit rate, the shared requests' prefix
     hits (measured and predicted) and TTFT p50/p95 of shared and unique requests."""
-    from kvlab.timing import p95
 
     def per_budget(g: pd.DataFrame) -> pd.Series:
         shared, unique = g[g.label == "shared"], g[g.label == "unique"]
@@ -259,3 +252,42 @@ def budget_table(results: pd.DataFrame, engine: pd.DataFrame, block_size: int, b
     table = table.merge(engine, on="budget_blocks")
     table["token_hit_rate"] = table.engine_hit_tokens / table.engine_query_tokens
     return table
+
+
+
+def block_pool(life: pd.DataFrame, t0: float, end_ts: float,
+               title: str = "The prefix cache's blocks over time (from the engine's KV events)") -> go.Figure:
+    """One horizontal bar per cached block — from stored to removed (or to ``end_ts`` if still cached) — coloured by
+    owner, times in seconds since ``t0``: who holds the pool, and whose blocks are evicted when it fills."""
+    fig = go.Figure()
+    life = life.reset_index(drop=True)
+    for owner, part in life.groupby(life.owner.replace("", "other"), sort=False):
+        end = part.removed_ts.fillna(end_ts)
+        fig.add_bar(y=part.index, x=end - part.stored_ts, base=part.stored_ts - t0, orientation="h", name=owner,
+                    hovertemplate="block %{y}: cached %{base:.2f}–%{x:.2f} s<extra>" + owner + "</extra>")
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="time (s)", yaxis_title="cached block (in order stored)",
+                      yaxis_autorange="reversed", legend_title="owner", height=420)
+    return fig
+
+
+
+def hit_rate_by_budget(table: pd.DataFrame, survival_blocks: int | None = None,
+                       title: str = "The prefix survives once the pool holds it and everything cached between its uses") -> go.Figure:
+    """Per KV budget (blocks): the engine's token hit rate and the share of shared requests that hit the prefix (left),
+    shared-prefix TTFT p50/p95 (right, ms); the survival budget marked (``paged.budget_table``'s columns)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    hit_share = table.prefix_hits / (table.shared_requests - 1).clip(lower=1)
+    fig.add_scatter(x=table.budget_blocks, y=table.token_hit_rate, name="prefix-cache hit rate (tokens, engine)",
+                    mode="lines+markers")
+    fig.add_scatter(x=table.budget_blocks, y=hit_share, name="shared requests that hit (after the first)",
+                    mode="lines+markers", line_dash="dash")
+    for q, dash in (("p50", "dot"), ("p95", "dashdot")):
+        fig.add_scatter(x=table.budget_blocks, y=table[f"shared_ttft_{q}_ms"], name=f"shared-prefix TTFT {q} (ms)",
+                        mode="lines+markers", line_dash=dash, secondary_y=True)
+    if survival_blocks:
+        fig.add_vline(x=survival_blocks, line_dash="dash",
+                      annotation_text=f"prefix + cached since + 2 = {survival_blocks} blocks")
+    fig.update_layout(title=title, xaxis_title="KV pool (blocks)", yaxis_title="hit rate (0-1)", yaxis2_title="TTFT (ms)")
+    return fig

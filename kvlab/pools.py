@@ -25,17 +25,17 @@ from typing import Any
 
 import pandas as pd
 
-from kvlab.errors import KVLabError
-from kvlab.workload import Arrival
+from kvlab.runtime.engine import make_engine
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.hardware import on_gpu
+from kvlab.timing import generate_timed
+from kvlab.workload import Arrival, run_workload
 
 
 def _child(job_file: str) -> None:
     """The pool's process: pin, build the engine, warm up, wait for the common start, run, write the results."""
     job = pickle.loads(Path(job_file).read_bytes())
     cores = job["cores"]
-    from kvlab.engine import make_engine
-    from kvlab.experiments import generate_timed
-    from kvlab.workload import run_workload
 
     llm = make_engine(job["model"], **job["engine_args"])
     for a in job["arrivals"][:2]:  # warm-up: one of the first requests' shapes, not timed
@@ -70,7 +70,6 @@ def run_pools(pools: dict[str, tuple[list[int], list[Arrival]]], model: str, eng
     if len(used) != len(set(used)) or not set(used) <= available or any(not cores for cores, _ in pools.values()):
         raise KVLabError(f"Each pool needs its own cores from this machine's {sorted(available)}; got "
                          f"{ {n: c for n, (c, _) in pools.items()} }.")
-    from kvlab.engine import on_gpu
 
     if on_gpu() and "gpu_memory_utilization" not in engine_args:
         engine_args = engine_args | {"gpu_memory_utilization": round(0.85 / len(pools), 3)}

@@ -22,6 +22,12 @@ from typing import Any
 
 import pandas as pd
 
+from kvlab.runtime.engine import kv_capacity
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.hardware import resolved_dtype
+from kvlab.runtime.model import load_config
+from kvlab.sizing import KVArch, parameter_counts
+
 
 @dataclass(frozen=True)
 class MachineLimits:
@@ -64,7 +70,6 @@ GPU_SHAPES = ((8192, 8192, 8192), (8192, 4096, 14336), (8192, 14336, 4096))
 def model_shapes(model: str | None = None, tokens: int = 2048) -> list[tuple[int, int, int]]:
     """The matmul shapes a prefill of ``tokens`` tokens runs through the chosen model's MLP (tokens × hidden ×
     intermediate and back), read from its config; none when it cannot be read."""
-    from kvlab.model import load_config
 
     try:
         cfg = load_config(model).get_text_config()
@@ -105,7 +110,7 @@ def measure_limits(dtype: str | None = None, quick: bool = False, model: str | N
     A fresh process, because a CPU engine pins its threads to cores in the process that runs it, after which
     torch's own matmuls there run slower and the "peak" would be too low (the bound too slow). Best of several
     tries per shape, over square shapes and the chosen model's own MLP shapes (``model``: default the chosen one).
-    ``dtype`` defaults to the one the engine will run the model in here (``engine.resolved_dtype``: on a GPU without
+    ``dtype`` defaults to the one the engine will run the model in here (``hardware.resolved_dtype``: on a GPU without
     bf16, float16 — a bf16 "peak" there would be an emulated one, far too low, and the bound too slow).
     On a shared machine call it more than once and keep ``best_of`` the results.
     """
@@ -114,7 +119,6 @@ def measure_limits(dtype: str | None = None, quick: bool = False, model: str | N
     import sys
 
     if dtype is None:
-        from kvlab.engine import resolved_dtype
 
         dtype = resolved_dtype(model)
     extra = tuple(model_shapes(model)) if matmul else ()
@@ -159,7 +163,6 @@ class ModelCost:
     @classmethod
     def from_config(cls, cfg: Any, bytes_per_param: float, kv_bytes_per_token: int) -> ModelCost:
         """From any config transformers knows: the weights counted on the meta device (``sizing.parameter_counts``)."""
-        from kvlab.sizing import KVArch, parameter_counts
 
         counts = parameter_counts(cfg)
         arch = KVArch.from_config(cfg)
@@ -246,16 +249,10 @@ def add_bounds(df: pd.DataFrame, cost: ModelCost, limits: MachineLimits) -> pd.D
 
 def engine_cost(llm: Any) -> ModelCost:
     """The ModelCost of the model inside a running engine (its config, dtype and KV bytes per token)."""
-    from kvlab.engine import kv_capacity
 
     mc = llm.llm_engine.vllm_config.model_config
     element = mc.dtype.itemsize if hasattr(mc.dtype, "itemsize") else 4
     return ModelCost.from_config(mc.hf_config, element, kv_capacity(llm).bytes_per_token)
-
-
-def engine_dtype(llm: Any) -> str:
-    """The engine's model dtype as a torch name ("float32", "bfloat16"...), to measure limits in the same dtype."""
-    return str(llm.llm_engine.vllm_config.model_config.dtype).replace("torch.", "")
 
 
 @dataclass(frozen=True)
@@ -283,7 +280,6 @@ def fit_decode(step_bytes: list[float], tpot_s: list[float]) -> DecodeFit:
     """Fit TPOT = a + b × bytes (ordinary least squares; at least three widths, so the errors have a degree of freedom)."""
     import numpy as np
 
-    from kvlab.errors import KVLabError
 
     x, y = np.asarray(step_bytes, float), np.asarray(tpot_s, float)
     if len(x) < 3 or len(set(x)) < 3:

@@ -28,8 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvlab.config import REPO_ROOT
-from kvlab.errors import KVLabError
+import pandas as pd
+import plotly.graph_objects as go
+
+from kvlab.runtime.config import REPO_ROOT
+from kvlab.runtime.engine import close_engine, engine_dtype, kv_capacity, make_engine
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.model import load_config, resolve_model
 
 GiB = 2**30
 GB = 10**9
@@ -392,7 +397,7 @@ def load_arch(model: str | dict[str, Any]) -> KVArch:
 
 
 @dataclass(frozen=True)
-class CapacityPlan:
+class KVCapacityPlan:
     """How a card's memory splits between weights, overhead and KV cache, and what that KV budget holds — an upper
     bound from arithmetic until the engine reports its own numbers (``kvlab.kv_capacity``)."""
 
@@ -419,9 +424,9 @@ class CapacityPlan:
         return asdict(self)
 
 
-def plan_capacity(arch: KVArch, memory_gib: float, context: int, utilization: float = VLLM_MEMORY_UTILIZATION,
+def plan_kv_capacity(arch: KVArch, memory_gib: float, context: int, utilization: float = VLLM_MEMORY_UTILIZATION,
                   kv_dtype: str = "bf16", weight_dtype: str = "bf16", params: int | None = None, block_size: int = 16,
-                  target_sequences: int | None = None, overhead_gib: float | None = None, device: str = "gpu") -> CapacityPlan:
+                  target_sequences: int | None = None, overhead_gib: float | None = None, device: str = "gpu") -> KVCapacityPlan:
     """Plan one card: KV budget = memory × utilization − weights − overhead; then sequences and context.
 
     ``utilization`` defaults to vLLM's own (0.92); ``overhead_gib`` (activations, CUDA graphs, non-torch memory)
@@ -453,7 +458,7 @@ def plan_capacity(arch: KVArch, memory_gib: float, context: int, utilization: fl
     largest = None
     if target_sequences:
         largest = largest_context(arch, budget, target_sequences, kv_dtype, block_size) if fits else 0
-    return CapacityPlan(arch.name, memory_gib, utilization, overhead_gib, weights / GiB, budget / GiB, kv_dtype, weight_dtype,
+    return KVCapacityPlan(arch.name, memory_gib, utilization, overhead_gib, weights / GiB, budget / GiB, kv_dtype, weight_dtype,
                         block_size, context, per_token, int(budget // per_token),
                         int(budget // per_seq) if fits else 0, target_sequences, largest, fits)
 
@@ -490,7 +495,7 @@ def preset_table(dtype: str = "bf16", context: int = 8192) -> Any:
     return pd.DataFrame(rows).sort_values("kv_bytes_per_token").reset_index(drop=True)
 
 
-def capacity_grid(models: list[str], memories_gib: list[float], contexts: list[int],
+def kv_capacity_grid(models: list[str], memories_gib: list[float], contexts: list[int],
                   utilization: float = VLLM_MEMORY_UTILIZATION, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
                   block_size: int = 16, target_sequences: int | None = None, overhead_gib: float | None = None) -> Any:
     """Tidy table of capacity plans: one row per (model, card memory, context)."""
@@ -501,8 +506,147 @@ def capacity_grid(models: list[str], memories_gib: list[float], contexts: list[i
         arch = load_arch(model)
         for mem in memories_gib:
             for ctx in contexts:
-                plan = plan_capacity(arch, mem, ctx, utilization, kv_dtype, weight_dtype, block_size=block_size,
+                plan = plan_kv_capacity(arch, mem, ctx, utilization, kv_dtype, weight_dtype, block_size=block_size,
                                      target_sequences=target_sequences, overhead_gib=overhead_gib)
                 beyond = bool(arch.max_context and ctx > arch.max_context)
                 rows.append(plan.as_dict() | {"model": model, "attention": arch.attention, "beyond_model_context": beyond})
     return pd.DataFrame(rows)
+
+
+
+def model_facts(model: str) -> dict[str, object]:
+    """Architecture facts that size the KV cache, read from the model's config the way transformers fills it in (a
+    multimodal model's language part, e.g. Gemma-3's ``text_config``; MLA; sliding-window layers counted)."""
+    cfg = load_config(model)
+    text = cfg.get_text_config()
+    arch = KVArch.from_config(cfg, name=Path(model).name)
+    facts: dict[str, object] = {
+        "architecture": (cfg.architectures or [cfg.model_type])[0],
+        "layers": arch.layers,
+        "hidden size": getattr(text, "hidden_size", None),
+        "query heads": arch.query_heads,
+        "KV heads": arch.kv_heads,
+        "head dim": arch.head_dim,
+        "attention": arch.attention,
+        "vocabulary": getattr(text, "vocab_size", None),
+        "max context (tokens)": arch.max_context,
+    }
+    if arch.sliding_layers:
+        facts["sliding-window layers"] = f"{arch.sliding_layers} of {arch.layers}, window {arch.sliding_window:,} tokens"
+    return facts
+
+
+
+def kv_capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: str | None = None,
+                   kv_cache_dtype: str = "auto", keep: bool = False, **engine_args: Any) -> tuple[dict[str, Any], Any]:
+    """Start an engine with a fixed KV budget and compare its reported capacity with the hand formula.
+
+    ``dtype`` defaults to the machine's (``hardware.model_dtype``: on a GPU the model's own, which vLLM turns into float16
+    where bf16 is unsupported, ``vllm/config/model.py`` ``_resolve_auto_dtype``; on a CPU without native bf16,
+    float32); the hand formula uses the dtype the engine reports, not the one asked for.
+    Returns one tidy row — hand vs engine bytes/token, blocks, tokens and (for sliding-window layers, where vLLM
+    reserves more than the window) sequences of ``max_model_len`` that fit, as ``vllm_kv_plan`` computes
+    them — and the engine if ``keep`` (else it is closed). Eager mode: this measures memory, not speed.
+    """
+
+    path = resolve_model(model)
+    arch = load_arch(path)
+    asked = {"dtype": dtype} if dtype else {}
+    llm = make_engine(path, kv_cache_gib=kv_cache_gib, kv_cache_dtype=kv_cache_dtype,
+                      **({"enforce_eager": True, "max_model_len": 2048} | asked | engine_args))
+    cap = kv_capacity(llm)
+    vcfg = llm.llm_engine.vllm_config
+    model_dtype = engine_dtype(llm)
+    kv_dtype = model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    per_token = bytes_per_token(arch, kv_dtype)
+    budget = kv_cache_gib * GiB
+    step_tokens = int(vcfg.scheduler_config.max_num_batched_tokens)
+    plan = vllm_kv_plan(arch, budget, cap.max_model_len, kv_dtype, cap.block_size, step_tokens,
+                               vcfg.max_concurrent_batches)
+    engine_blocks_per_request = cap.num_blocks / cap.max_concurrency
+    row = {"model": arch.name, "attention": arch.attention, "kv_heads": arch.kv_heads, "model_dtype": model_dtype,
+           "kv_dtype": kv_dtype,
+           "sliding_layers": arch.sliding_layers, "sliding_window": arch.sliding_window or 0,
+           "max_model_len": cap.max_model_len, "max_num_batched_tokens": step_tokens,
+           "hand_bytes_per_token": per_token, "engine_bytes_per_token": cap.bytes_per_token,
+           "hand_blocks": plan.num_blocks, "engine_blocks": cap.num_blocks, "block_size": cap.block_size,
+           "hand_tokens": plan.num_blocks * cap.block_size, "engine_tokens": cap.num_blocks * cap.block_size,
+           "difference_blocks": cap.num_blocks - plan.num_blocks,
+           "hand_blocks_per_request": plan.blocks_per_request, "engine_blocks_per_request": engine_blocks_per_request,
+           "ideal_blocks_per_request": plan.ideal_blocks_per_request,
+           "hand_max_concurrency": plan.max_concurrency, "engine_max_concurrency": cap.max_concurrency,
+           "ideal_max_concurrency": plan.num_blocks / plan.ideal_blocks_per_request}
+    if keep:
+        return row, llm
+    close_engine(llm)
+    return row, None
+
+
+
+def memory_split(model: str, weight_gib: float, kv_gib: float, usable_gib: float, sequences: int, context: int,
+                 plan: object) -> go.Figure:
+    """One card's usable memory as a stacked bar: weights, the KV cache asked for, what is left (GiB)."""
+    free = usable_gib - weight_gib - kv_gib
+    fig = go.Figure()
+    fig.add_bar(y=["memory"], x=[weight_gib], name="weights", orientation="h", marker_color="#6c757d")
+    fig.add_bar(y=["memory"], x=[kv_gib], name=f"KV: {sequences} × {context:,} tokens", orientation="h",
+                marker_color="#e4572e" if free < 0 else "#4c8bf5")
+    if free > 0:
+        fig.add_bar(y=["memory"], x=[free], name="headroom", orientation="h", marker_color="#d9ead3")
+    fig.add_vline(x=usable_gib, line_dash="dash", annotation_text=f"usable {usable_gib:.0f} GiB")
+    verdict = "fits" if free >= 0 else f"does NOT fit ({-free:.1f} GiB short)"
+    fig.update_layout(barmode="stack", height=260, xaxis_title="GiB",
+                      title=f"{model}: {sequences} sequences × {context:,} tokens {verdict} — at most "
+                            f"{plan.max_sequences} sequences at this context, {plan.largest_context_for_target or 0:,} tokens max for {sequences}",
+                      title_font_size=13, yaxis_visible=False, margin={"t": 70})
+    return fig
+
+
+
+def bytes_per_token_bar(table: pd.DataFrame, dtype: str) -> go.Figure:
+    """KV bytes per token for each model preset, coloured by attention type."""
+    fig = go.Figure()
+    colors = {"MHA": "#e4572e", "GQA": "#4c8bf5", "MQA": "#2ca02c", "MLA": "#9467bd"}
+    for att, part in table.groupby("attention", sort=False):
+        fig.add_bar(x=part.model, y=part.kv_bytes_per_token / 1024, name=att, marker_color=colors.get(att))
+    fig.update_xaxes(categoryorder="array", categoryarray=list(table.model))
+    fig.update_layout(title=f"KV cache per token ({dtype}), all layers, K and V", yaxis_title="KiB per token",
+                      xaxis_title="model", legend_title="attention", height=420)
+    return fig
+
+
+
+def kv_capacity_lines(results: pd.DataFrame) -> go.Figure:
+    """Sequences that fit vs context length, one line per card memory (log-log)."""
+    fig = go.Figure()
+    for mem, part in results.groupby("memory_gib"):
+        fig.add_scatter(x=part.context, y=part.max_sequences.clip(lower=0.5), mode="lines+markers", name=f"{mem:g} GiB")
+    model = results.model.iloc[0]
+    fig.update_layout(title=f"{model}: concurrent full-context sequences that fit ({results.kv_dtype.iloc[0]} KV)",
+                      xaxis_title="context length (tokens)", yaxis_title="sequences (log)", xaxis_type="log", yaxis_type="log",
+                      legend_title="card memory", height=420)
+    return fig
+
+
+
+def sequences_that_fit_figure(grid: pd.DataFrame) -> go.Figure:
+    """Concurrent full-context sequences per model, context and card (log scale); hatched = beyond the model's context."""
+    from plotly.subplots import make_subplots
+
+    cards = sorted(grid.memory_gib.unique())
+    models = list(dict.fromkeys(grid.model))
+    fig = make_subplots(rows=len(cards), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[f"{m:g} GiB card" for m in cards])
+    colors = ["#4c8bf5", "#e4572e", "#2ca02c", "#9467bd", "#8c564b"]
+    for row, mem in enumerate(cards, start=1):
+        for i, ctx in enumerate(sorted(grid.context.unique())):
+            part = grid[(grid.memory_gib == mem) & (grid.context == ctx)].set_index("model").loc[models]
+            fig.add_bar(x=models, y=part.max_sequences.clip(lower=0.5), name=f"{ctx // 1024}k tokens", legendgroup=str(ctx),
+                        showlegend=row == 1, marker_color=colors[i % len(colors)],
+                        marker_pattern_shape=["/" if b else "" for b in part.beyond_model_context],
+                        text=[str(v) if v else "0" for v in part.max_sequences], textposition="outside", textfont_size=9,
+                        hovertemplate="%{x}: %{text} sequences<extra>" + f"{ctx:,} tokens" + "</extra>", row=row, col=1)
+        fig.update_yaxes(type="log", dtick=1, title_text="sequences (log)", row=row, col=1)
+    fig.update_layout(barmode="group", height=300 * len(cards) + 120, legend_title="context",
+                      title="Sequences that fit at once (KV = 90 % of memory − bf16 weights); hatched: beyond the model's own context")
+    return fig

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvlab.errors import KVLabError
+from kvlab.runtime.errors import KVLabError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,11 @@ from typing import Any
 
 import pandas as pd
 
-from kvlab.errors import KVLabError
+from kvlab.prompts import corpus_text, prompt_of_length
+from kvlab.runtime.engine import close_engine, kv_capacity, make_engine
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.templates import chat_template_ids
+from kvlab.timing import generate_batch, generate_timed, p95, request_timing, stream_timing, timing_table
 
 #: The tasks of lesson 09 and lab L09: two whose answer copies much of the prompt, one that does not.
 TASKS = ("edit", "code", "chat")
@@ -80,7 +84,6 @@ def acceptance(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float
 
 
 def _paragraphs(count: int, seed: int) -> list[str]:
-    from kvlab.prompts import corpus_text
 
     paragraphs = [p for p in corpus_text().split("\n\n") if 400 <= len(p) <= 900 and not p.startswith("#")]
     return random.Random(seed).sample(paragraphs, min(count, len(paragraphs)))
@@ -109,14 +112,12 @@ def task_messages(task: str, count: int, seed: int = 0) -> list[list[dict[str, s
     return [[{"role": "user", "content": t}] for t in texts]
 
 
-def run_tasks(llm: Any, tasks: list[str], requests: int, max_tokens: int, repeats: int = 1, seed: int = 0,
+def time_tasks(llm: Any, tasks: list[str], requests: int, max_tokens: int, repeats: int = 1, seed: int = 0,
               **settings: Any) -> pd.DataFrame:
     """Each task's requests one at a time, streamed (chunk times and sizes), greedy, stopping at end of text; per task
     the engine's acceptance counters. One row per request and repeat, ``settings`` attached (e.g. ``k=4``)."""
     from tqdm.auto import tqdm
 
-    from kvlab.prompts import chat_template_ids
-    from kvlab.timing import stream_timing
 
     tok = llm.get_tokenizer()
     rows = []
@@ -154,14 +155,13 @@ def identity_check(dtype: str, k: int, tasks: list[str], requests: int, max_toke
     """The same greedy requests with speculation off and at ``k``, on two engines in ``dtype``: ``same_outputs`` with a
     ``dtype`` column. Speculation is exact only up to rounding (the verify pass sums in another order than single
     steps), so how often answers stay identical depends on the precision."""
-    from kvlab.engine import close_engine, make_engine
 
     runs = []
     for spec in (0, k):
         extra = ngram_config(spec) if spec else {}
         llm = make_engine(model, dtype=dtype, enforce_eager=True, max_model_len=2048, **(engine_args | extra))
         try:
-            runs.append(run_tasks(llm, tasks, requests, max_tokens))
+            runs.append(time_tasks(llm, tasks, requests, max_tokens))
         finally:
             close_engine(llm)
     return same_outputs(*runs).assign(dtype=dtype, k=k)
@@ -171,10 +171,6 @@ def verify_cost(llm: Any, max_new: int, repeats: int = 5, context_blocks: int = 
     """What one forward pass over 1…``max_new`` new tokens costs after a cached context (what verifying k + 1 tokens
     costs): a prompt of ``context_blocks`` cached blocks plus n fresh tokens, one output token; the engine's prefill
     time is that pass. Needs prefix caching on. One row per n and repeat."""
-    from kvlab.engine import kv_capacity
-    from kvlab.experiments import generate_timed
-    from kvlab.prompts import prompt_of_length
-    from kvlab.timing import request_timing
 
     tok, block = llm.get_tokenizer(), kv_capacity(llm).block_size
     context = prompt_of_length(tok, context_blocks * block, offset=31_000)
@@ -195,8 +191,6 @@ def verify_cost(llm: Any, max_new: int, repeats: int = 5, context_blocks: int = 
 def batch_run(llm: Any, prompts: list[list[int]], batch_sizes: list[int], max_tokens: int, **settings: Any) -> pd.DataFrame:
     """The prompts in batches of each size, submitted together (greedy, exact ``max_tokens``): per-request TPOT from
     the engine's timestamps, and the batch's acceptance. Batch sizes above the prompt count reuse prompts."""
-    from kvlab.experiments import generate_batch
-    from kvlab.timing import timing_table
 
     frames = []
     for size in batch_sizes:
@@ -211,7 +205,6 @@ def batch_run(llm: Any, prompts: list[list[int]], batch_sizes: list[int], max_to
 
 def speedups(runs: pd.DataFrame, by: tuple[str, ...] = ("task",)) -> pd.DataFrame:
     """Per group and k: TPOT p50/p95, E2E p50, acceptance, and the speed-up in TPOT p50 over k = 0 (> 1: faster)."""
-    from kvlab.timing import p95
 
     tpot = "client_tpot_s" if "client_tpot_s" in runs else "tpot_s"
     e2e = "client_e2e_s" if "client_e2e_s" in runs else "e2e_s"
@@ -229,7 +222,6 @@ def speedups(runs: pd.DataFrame, by: tuple[str, ...] = ("task",)) -> pd.DataFram
 def tidy(runs: pd.DataFrame) -> pd.DataFrame:
     """Per-request rows without the per-chunk lists: chunks, mean tokens per chunk, ITL mean and p95 (per chunk, as
     vLLM bench records them) — what a results table keeps."""
-    from kvlab.timing import p95
 
     out = runs.drop(columns=[c for c in ("itl_s", "chunk_tokens", "token_ids") if c in runs])
     if "chunk_tokens" in runs:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from kvlab.config import REPO_ROOT
-from kvlab.prompts import chat_template
+from kvlab.runtime.config import REPO_ROOT
+from kvlab.runtime.templates import chat_template
 
 TASKS_FILE = REPO_ROOT / "data" / "tasks" / "kv_precision.json"
 

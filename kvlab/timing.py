@@ -30,6 +30,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
+
+from kvlab.runtime.engine import chat
+from kvlab.runtime.errors import KVLabError
 
 #: Phase names, in order, for tables and plots.
 PHASES = ("queue", "prefill", "decode")
@@ -56,7 +60,6 @@ NAMES_ACROSS_TOOLS = [
 def _metrics(out: Any) -> Any:
     m = getattr(out, "metrics", None)
     if m is None or getattr(m, "first_token_ts", 0) == 0:
-        from kvlab.errors import KVLabError
 
         raise KVLabError("This request has no engine timestamps; build the engine with kvlab.make_engine() (it turns stats on).")
     return m
@@ -192,3 +195,74 @@ def stream_timing(llm: Any, prompt_token_ids: list[int], max_tokens: int, ignore
         engine_row = request_timing(final)
         row |= {f"engine_{k}": engine_row[k] for k in ("ttft_s", "tpot_s", "e2e_s", "prefill_s", "decode_s")}
     return row
+
+
+
+def repeat_chat(llm: Any, question: str, repeats: int, max_tokens: int, warmup: int = 1, cold: bool = True) -> tuple[pd.DataFrame, list[Any]]:
+    """Ask one chat question ``repeats`` times after ``warmup`` untimed runs; exactly ``max_tokens`` out each.
+
+    ``cold=True`` empties the prefix cache before each timed run, so no run reuses another's KV.
+    Returns the tidy timing table and the raw vLLM outputs.
+    """
+    if repeats < 1 or max_tokens < 1:
+
+        raise KVLabError(f"repeats={repeats} and max_tokens={max_tokens} must both be at least 1.")
+    for _ in range(warmup):
+        chat(llm, question, max_tokens=max_tokens, ignore_eos=True)
+    outputs = []
+    for _ in range(repeats):
+        if cold:
+            llm.reset_prefix_cache()
+        outputs.append(chat(llm, question, max_tokens=max_tokens, ignore_eos=True))
+    return timing_table(outputs, max_tokens=max_tokens, cold=cold), outputs
+
+
+
+def generate_batch(llm: Any, prompts: list[list[int]], max_tokens: int, **sampling: Any) -> list[Any]:
+    """Requests from token ids submitted together, exactly ``max_tokens`` out each, greedy unless ``sampling`` says
+    otherwise (any ``SamplingParams`` field); returns vLLM's RequestOutputs, in order (``timing.timing_table`` reads them)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(**({"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True} | sampling))
+    return llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompts], params, use_tqdm=False)
+
+
+
+def generate_timed(llm: Any, prompt_ids: list[int], max_tokens: int, **sampling: Any) -> Any:
+    """One request from token ids with exactly ``max_tokens`` output tokens (greedy unless ``sampling`` says
+    otherwise); returns vLLM's RequestOutput."""
+    return generate_batch(llm, [prompt_ids], max_tokens, **sampling)[0]
+
+PHASE_COLORS = {"queue": "#9e9e9e", "prefill": "#e4572e", "decode": "#4c8bf5"}
+
+
+
+def request_timeline(row: pd.Series | dict, title: str = "One request's timeline") -> go.Figure:
+    """Horizontal bar of one request: queue, prefill, decode (ms), from a ``request_timing`` row."""
+    fig = go.Figure()
+    start = 0.0
+    for phase in PHASES:
+        width = float(row[f"{phase}_s"]) * 1e3
+        fig.add_bar(y=["request"], x=[width], base=[start], orientation="h", name=phase,
+                    marker_color=PHASE_COLORS[phase], hovertemplate=f"{phase}: %{{x:.1f}} ms<extra></extra>")
+        start += width
+    marks = {"scheduled": float(row["queue_s"]) * 1e3,
+             "first token": (float(row["queue_s"]) + float(row["prefill_s"])) * 1e3,
+             "last token": start}
+    for label, x in marks.items():
+        fig.add_vline(x=x, line_dash="dot", line_color="black", annotation_text=label, annotation_position="top")
+    fig.update_layout(title=title, barmode="overlay", height=260, xaxis_title="time since queued (ms)",
+                      yaxis_visible=False, legend_title="phase", margin={"t": 80})
+    return fig
+
+
+
+def ttft_bars_by_run(t: pd.DataFrame, by: str, agg: Any, title: str, ylabel: str) -> go.Figure:
+    """Collected lab runs (a ``run`` column): TTFT aggregated (``"median"``, ``timing.p95``…) per run and ``by`` group,
+    as grouped bars in ms."""
+    import plotly.express as px
+
+    m = t.groupby(["run", by], as_index=False).ttft_s.agg(agg)
+    return px.bar(m.assign(ttft_ms=m.ttft_s * 1e3), x="run", y="ttft_ms", color=by, barmode="group", title=title,
+                  labels={"ttft_ms": ylabel})

@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
 
 from kvlab import caching, metrics, prompts
-from kvlab.errors import KVLabError
-from kvlab.serving import Server, stream_chat
+from kvlab.runtime import templates
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.serving import Server, stream_chat
+from kvlab.timing import p95
 
 CHAT_SYSTEM = "You are Aria, the support assistant for Northwind Rail. Answer in two or three sentences."
 AGENT_TASK = "Plan the cheapest trip from Harbour Central to Millbrook tomorrow before 9:00 and book it. Use the tools."
@@ -73,7 +76,7 @@ def agent_request_tokens(tokenizer: Any, turns: int, growth_tokens: int, tools: 
     reply = tokenizer.decode(prompts.prompt_of_length(tokenizer, max_tokens, offset=50_000))
     messages, lengths = list(session.messages), []
     for turn in range(turns):
-        lengths.append(len(prompts.chat_template_ids(tokenizer, messages)) + max_tokens + AGENT_SPARE_TOKENS)
+        lengths.append(len(templates.chat_template_ids(tokenizer, messages)) + max_tokens + AGENT_SPARE_TOKENS)
         if turn < turns - 1:
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": session.growth[turn]}]
     return lengths
@@ -143,7 +146,7 @@ def run_traffic(server: Server, sessions: list[Session], max_tokens: int, rate_p
 
     Below saturation, output tokens/sec is set by the demand (rate × tokens per request), not by how fast each
     request was served — which is why a tokens/sec panel can look flat while TTFT explodes. ``client``: send through
-    another front (a ``kvlab.gateway.Gateway``'s client) instead of straight to the server.
+    another front (a ``kvlab.runtime.gateway.Gateway``'s client) instead of straight to the server.
     """
     from tqdm.auto import tqdm
 
@@ -203,7 +206,6 @@ def tokens_per_window(df: pd.DataFrame, window_s: float = 1.0) -> pd.DataFrame:
 
 def summary(df: pd.DataFrame, wall_s: float) -> dict[str, float]:
     """A mix's headline numbers: mean output tokens/sec, TTFT p50/p95, mean prompt and output tokens per request."""
-    from kvlab.timing import p95
 
     return {"requests": len(df), "output tokens/s (mean)": df.output_tokens.sum() / wall_s,
             "TTFT p50 (ms)": df.ttft_s.median() * 1e3, "TTFT p95 (ms)": p95(df.ttft_s) * 1e3,
@@ -253,3 +255,47 @@ def agent_storm(server: Server, session: Session, max_tokens: int, reuse: bool =
         rows.append({"turn": row["turn"], "prompt_tokens": row["prompt_tokens"], "output_tokens": row["output_tokens"],
                      "cached_tokens": d.get("vllm:prompt_tokens_cached_total", 0.0), "ttft_s": row["ttft_s"], "tpot_s": row["tpot_s"]})
     return pd.DataFrame(rows)
+
+
+
+def faq_traffic(client: Any, sessions: list[Any], repeats: int, max_tokens: int = 16, seed: int = 0) -> Any:
+    """Each session's messages asked ``repeats`` times, in a shuffled order (an FAQ: the same questions come back),
+    one at a time; one row per request with who answered it and the gateway's own time."""
+    import random
+
+    import pandas as pd
+
+
+    order = [s for s in sessions for _ in range(repeats)]
+    random.Random(seed).shuffle(order)
+    return pd.DataFrame([stream_chat(client, s.messages, max_tokens, label=s.kind) for s in order])
+
+
+
+def bad_dashboard(runs: dict[str, pd.DataFrame], window_s: float = 2.0) -> go.Figure:
+    """Three panels for traffic mixes: output tokens/s over time (looks flat), TTFT p50/p95 (doesn't), and prompt
+    tokens sent per second (the cause)."""
+    from plotly.subplots import make_subplots
+
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Output tokens/s (the usual panel)", "TTFT p50 and p95",
+                                                        "Prompt tokens sent per second"))
+    colors = ["#636efa", "#ef553b", "#00cc96", "#ab63fa"]
+    for i, (name, df) in enumerate(runs.items()):
+        color = colors[i % len(colors)]
+        w = tokens_per_window(df, window_s)
+        fig.add_scatter(x=w.t_s, y=w.tokens_per_s, name=name, mode="lines+markers", line_color=color, legendgroup=name, row=1, col=1)
+        fig.add_bar(x=["p50", "p95"], y=[df.ttft_s.median() * 1e3, p95(df.ttft_s) * 1e3], name=name, marker_color=color,
+                    legendgroup=name, showlegend=False, row=1, col=2)
+        sent = (df.sent_s // window_s * window_s).rename("t_s")
+        prompt_rate = df.groupby(sent).prompt_tokens.sum().reindex(w.t_s, fill_value=0) / window_s
+        fig.add_scatter(x=prompt_rate.index, y=prompt_rate.to_numpy(), name=name, mode="lines+markers", line_color=color,
+                        legendgroup=name, showlegend=False, row=1, col=3)
+    fig.update_xaxes(title_text="seconds since start", row=1, col=1)
+    fig.update_xaxes(title_text="percentile", row=1, col=2)
+    fig.update_xaxes(title_text="seconds since start", row=1, col=3)
+    fig.update_yaxes(title_text="output tokens / s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="TTFT (ms)", row=1, col=2)
+    fig.update_yaxes(title_text="prompt tokens / s", row=1, col=3)
+    fig.update_layout(barmode="group", height=420, title="Same tokens/sec, very different first-token waits")
+    return fig

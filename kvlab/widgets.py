@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab import sizing
-from kvlab.plots import memory_split
+from kvlab.sizing import memory_split
 
 CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 
@@ -14,7 +14,7 @@ def kv_calculator(preset: str = "Llama-3.1-8B", context: int = 8192, sequences: 
                   memory_gib: float = 80.0, utilization: float = sizing.VLLM_MEMORY_UTILIZATION,
                   overhead_gib: float = sizing.DEFAULT_OVERHEAD_GIB["gpu"]) -> Any:
     """A small form that redraws the memory split (weights | KV | headroom) whenever a control moves; usable memory is
-    vLLM's share of the card less the engine's other needs (``sizing.plan_capacity``'s defaults)."""
+    vLLM's share of the card less the engine's other needs (``sizing.plan_kv_capacity``'s defaults)."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -31,7 +31,7 @@ def kv_calculator(preset: str = "Llama-3.1-8B", context: int = 8192, sequences: 
         v = {k: c.value for k, c in controls.items()}
         arch = sizing.load_arch(v["preset"])
         kv = sizing.kv_bytes(arch, v["context"], v["dtype"], v["sequences"], block_size=16)
-        plan = sizing.plan_capacity(arch, v["memory_gib"], v["context"], utilization, v["dtype"], target_sequences=v["sequences"],
+        plan = sizing.plan_kv_capacity(arch, v["memory_gib"], v["context"], utilization, v["dtype"], target_sequences=v["sequences"],
                                     overhead_gib=overhead_gib)
         usable = v["memory_gib"] * utilization - overhead_gib
         out.clear_output(wait=True)

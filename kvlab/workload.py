@@ -15,6 +15,10 @@ from typing import Any
 
 import pandas as pd
 
+from kvlab.prompts import check_fits, distinct_prompts
+from kvlab.runtime.errors import KVLabError
+from kvlab.timing import request_timing
+
 
 @dataclass
 class Arrival:
@@ -51,9 +55,6 @@ def run_workload(llm: Any, arrivals: list[Arrival], timeout_s: float = 900.0, la
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    from kvlab.errors import KVLabError
-    from kvlab.prompts import check_fits
-    from kvlab.timing import request_timing
 
     engine = llm.llm_engine
     max_len = engine.vllm_config.model_config.max_model_len
@@ -130,58 +131,10 @@ def run_workload(llm: Any, arrivals: list[Arrival], timeout_s: float = 900.0, la
     return tokens, pd.DataFrame(rows)
 
 
-def gaps_between(tokens: pd.DataFrame, labels: list[str] | str, start_s: float, end_s: float) -> list[float]:
-    """Inter-token gaps of the given requests whose later token landed in [start_s, end_s] (e.g. during a prefill)."""
-    labels = [labels] if isinstance(labels, str) else labels
-    gaps = []
-    for _, part in tokens[tokens.label.isin(labels)].groupby("request_id"):
-        t = part.sort_values("token").t_s.to_list()
-        gaps += [b - a for a, b in zip(t, t[1:], strict=False) if start_s <= b <= end_s + 1e-9]
-    return gaps
-
-
-#: Output tokens of the long prompt in the interference workloads: its TTFT is what they measure.
-LONG_PROMPT_OUTPUT_TOKENS = 4
-
-
-def interference_arrivals(tokenizer: Any, decoders: int, decoder_prompt: int, decoder_tokens: int, long_prompt: int,
-                          long_at_s: float) -> list[Arrival]:
-    """``decoders`` short chats streaming from t=0, and one long prompt (a document ingest) arriving at ``long_at_s``."""
-    from kvlab.prompts import distinct_prompts, prompt_of_length
-
-    chats = [Arrival(f"decoder {i + 1}", ids, decoder_tokens, 0.0) for i, ids in enumerate(distinct_prompts(tokenizer, decoder_prompt, decoders, seed=5))]
-    return chats + [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=20_000), LONG_PROMPT_OUTPUT_TOKENS,
-                            long_at_s)]
-
-
-def short_behind_long_arrivals(tokenizer: Any, long_prompt: int, short_prompt: int, short_at_s: float) -> list[Arrival]:
-    """A long prompt at t=0 and a short interactive request just after it."""
-    from kvlab.prompts import prompt_of_length
-
-    return [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=7_000), LONG_PROMPT_OUTPUT_TOKENS, 0.0),
-            Arrival("short prompt", prompt_of_length(tokenizer, short_prompt, offset=30_000), 8, short_at_s)]
-
-
-def interference_summary(tokens: pd.DataFrame, requests: pd.DataFrame) -> dict[str, float]:
-    """The long prompt's TTFT and the decoders' inter-token gaps while it was being prefilled (ms)."""
-    from kvlab.timing import p95
-
-    long = requests[requests.label == "long prompt"].iloc[0]
-    decoders = [lbl for lbl in requests.label if lbl.startswith("decoder")]
-    during = gaps_between(tokens, decoders, long.arrival_s, long.first_token_s)
-    before = gaps_between(tokens, decoders, 0.0, long.arrival_s)
-    return {"long_ttft_ms": long.ttft_s * 1e3,
-            "decoder_itl_p50_ms": float(pd.Series(during).median() * 1e3) if during else float("nan"),
-            "decoder_itl_p95_ms": p95(during) * 1e3 if during else float("nan"),
-            "decoder_itl_max_ms": max(during) * 1e3 if during else float("nan"),
-            "decoder_itl_before_p50_ms": float(pd.Series(before).median() * 1e3) if before else float("nan")}
-
-
 def poisson_arrivals(tokenizer: Any, requests: int, rate_per_s: float, prompt_tokens: int, output_tokens: int, seed: int = 0) -> list[Arrival]:
     """``requests`` chats arriving as a Poisson process at ``rate_per_s`` (exponential gaps, seeded)."""
     import random
 
-    from kvlab.prompts import distinct_prompts
 
     rng = random.Random(seed)
     t, out = 0.0, []

@@ -44,13 +44,13 @@ p = kvlab.labs.validate_namespace("L01_capacity_planning", globals())  # checks 
 from kvlab import sizing
 
 arch = sizing.load_arch(p.model)
-results = sizing.capacity_grid([p.model], p.memory_gib, p.context_lengths, p.utilization, p.kv_dtype, p.weight_dtype, p.block_size,
+results = sizing.kv_capacity_grid([p.model], p.memory_gib, p.context_lengths, p.utilization, p.kv_dtype, p.weight_dtype, p.block_size,
                                p.target_sequences, p.overhead_gib)
 results = results.assign(model=arch.name)
 results[["memory_gib", "context", "weight_gib", "kv_budget_gib", "kv_tokens", "max_sequences", "largest_context_for_target", "beyond_model_context"]].round(2)
 
 # %%
-fig = kvlab.plots.capacity_lines(results)
+fig = kvlab.sizing.kv_capacity_lines(results)
 fig.show()
 
 # %% [markdown]

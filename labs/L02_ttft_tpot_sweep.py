@@ -37,7 +37,7 @@ p = kvlab.labs.validate_namespace("L02_ttft_tpot_sweep", globals())  # checks ev
 # ## Run
 
 # %%
-from kvlab import experiments, roofline, timing
+from kvlab import prefill_decode, roofline, timing
 
 engine_args = dict(enable_prefix_caching=False, enforce_eager=p.enforce_eager, kv_cache_gib=p.kv_cache_gib)
 if p.dtype != "auto":
@@ -45,15 +45,15 @@ if p.dtype != "auto":
 limits = roofline.measure_limits(None if p.dtype == "auto" else p.dtype, quick=kvlab.quick(), model=p.model or None)  # fresh process; again after
 llm = kvlab.make_engine(p.model or None, **engine_args)
 cost = roofline.engine_cost(llm)
-settings = {"model": llm.kvlab_settings["model"], "dtype": roofline.engine_dtype(llm), "enforce_eager": p.enforce_eager}
-runs = experiments.sweep(llm, p.prompt_lengths, p.output_lengths, p.repeats, **settings)
+settings = {"model": llm.kvlab_settings["model"], "dtype": kvlab.engine.engine_dtype(llm), "enforce_eager": p.enforce_eager}
+runs = prefill_decode.sweep(llm, p.prompt_lengths, p.output_lengths, p.repeats, **settings)
 limits = roofline.best_of(limits, roofline.measure_limits(limits.dtype, quick=kvlab.quick(), model=p.model or None))
 runs = roofline.add_bounds(runs, cost, limits)
 summary = timing.summarize(runs, ["ttft_s", "tpot_s", "e2e_s", "ttft_over_bound", "tpot_over_bound"], by=["prompt_tokens", "output_tokens"])
 summary.round(4)
 
 # %%
-fig = kvlab.plots.metric_vs_prompt(summary[summary.output_tokens == p.output_lengths[0]].merge(
+fig = kvlab.prefill_decode.metric_vs_prompt(summary[summary.output_tokens == p.output_lengths[0]].merge(
     runs.groupby("prompt_tokens", as_index=False).ttft_bound_s.median()), "ttft_s", "ttft_bound_s",
     f"TTFT vs prompt length ({settings['dtype']}, {'eager' if p.enforce_eager else 'compiled'})", "TTFT (ms)")
 fig.show()

@@ -42,7 +42,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from kvlab import workload
+from kvlab import chunked_prefill, workload
 
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model(p.model or None))
 configs = {"chunked off": {"enable_chunked_prefill": False}}
@@ -50,16 +50,16 @@ configs |= {f"chunks of {b}": {"enable_chunked_prefill": True, "max_num_batched_
 rows, all_tokens = [], []
 for name, args in tqdm(configs.items(), desc="configurations"):
     llm = kvlab.make_engine(p.model or None, enforce_eager=True, **args)
-    arrivals = workload.interference_arrivals(tok, p.decoders, p.decoder_prompt_tokens, p.decoder_output_tokens, p.long_prompt_tokens, p.long_arrival_s)
+    arrivals = chunked_prefill.interference_arrivals(tok, p.decoders, p.decoder_prompt_tokens, p.decoder_output_tokens, p.long_prompt_tokens, p.long_arrival_s)
     tokens, reqs = workload.run_workload(llm, arrivals)
-    rows.append({"config": name, "max_num_batched_tokens": args.get("max_num_batched_tokens", 0)} | workload.interference_summary(tokens, reqs))
+    rows.append({"config": name, "max_num_batched_tokens": args.get("max_num_batched_tokens", 0)} | chunked_prefill.interference_summary(tokens, reqs))
     all_tokens.append(tokens.assign(config=name))
     kvlab.close_engine(llm)
 results = pd.DataFrame(rows)
 results.round(1)
 
 # %%
-fig = kvlab.plots.tradeoff(results)
+fig = chunked_prefill.tradeoff(results)
 fig.show()
 
 # %% [markdown]

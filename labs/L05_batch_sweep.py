@@ -37,13 +37,13 @@ p = kvlab.labs.validate_namespace("L05_batch_sweep", globals())  # checks every 
 # ## Run
 
 # %%
-from kvlab import experiments
+from kvlab import batching
 
 llm = kvlab.make_engine(p.model or None, enable_prefix_caching=False, enforce_eager=p.enforce_eager, kv_cache_gib=p.kv_cache_gib,
                         max_model_len=max(1024, p.prompt_tokens + p.output_tokens))
 capacity = kvlab.kv_capacity(llm)
-runs = experiments.batch_sweep(llm, p.batch_sizes, p.prompt_tokens, p.output_tokens, p.repeats)
-summary = experiments.batch_summary(runs)
+runs = batching.batch_sweep(llm, p.batch_sizes, p.prompt_tokens, p.output_tokens, p.repeats)
+summary = batching.batch_summary(runs)
 # how many sequences the KV budget holds at once: each rounds up to whole blocks (160 tokens take 256 with 128-token blocks)
 fit = kvlab.sizing.sequences_that_fit(capacity.num_blocks, capacity.block_size, p.prompt_tokens + p.output_tokens)
 summary["fit_at_once"] = fit

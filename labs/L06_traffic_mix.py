@@ -53,8 +53,9 @@ import contextlib
 import pandas as pd
 from transformers import AutoTokenizer
 
-from kvlab import gateway, metrics, serving, traffic
-from kvlab.redis_server import RedisServer
+from kvlab import metrics, traffic
+from kvlab.runtime import gateway, serving
+from kvlab.runtime.redis_server import RedisServer
 
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model(p.model or None))
 mixes = {"chat only": traffic.traffic_mix(tok, p.requests, 0.0, p.agent_turns, p.growth_tokens, p.agent_tools),
@@ -77,13 +78,13 @@ with contextlib.ExitStack() as stack:  # everything started here is stopped at t
         runs[name], boards[name], gauges[name] = traffic.run_traffic(server, sessions, p.output_tokens, p.rate_per_s, p.concurrency,
                                                                      client=front.client() if front else None)
         if front:
-            boards[name] |= gateway.board(g0, metrics.scrape_prefix(front.url, "kvlab_gateway_"))
+            boards[name] |= metrics.board(g0, metrics.scrape_prefix(front.url, "kvlab_gateway_"))
     settings = server.settings | (front.settings if front else {})
 summary = pd.DataFrame([{"mix": n} | traffic.summary(df, boards[n]["wall_s"]) for n, df in runs.items()])
 summary.round(1)
 
 # %%
-fig = kvlab.plots.bad_dashboard(runs, window_s=5.0)
+fig = kvlab.traffic.bad_dashboard(runs, window_s=5.0)
 fig.show()
 
 # %% [markdown]

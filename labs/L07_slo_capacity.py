@@ -62,25 +62,25 @@ p = kvlab.labs.validate_namespace("L07_slo_capacity", globals())  # checks every
 # %%
 import pandas as pd
 
-from kvlab import capacity, slo
+from kvlab import loadtest, slo
 
-mix = capacity.Mix(p.chat_share, p.agent_share, p.batch_share, p.chat_output_tokens, p.agent_prompt_tokens,
+mix = loadtest.Mix(p.chat_share, p.agent_share, p.batch_share, p.chat_output_tokens, p.agent_prompt_tokens,
                    p.agent_output_tokens, p.batch_prompt_tokens, p.batch_output_tokens)
 llm = kvlab.make_engine(p.model or None, enforce_eager=p.enforce_eager, kv_cache_gib=p.kv_cache_gib,
                         enable_prefix_caching=p.prefix_caching, scheduling_policy=p.scheduling_policy,
-                        max_num_batched_tokens=p.max_num_batched_tokens, max_num_seqs=capacity.SERVER_LIKE["max_num_seqs"],
+                        max_num_batched_tokens=p.max_num_batched_tokens, max_num_seqs=loadtest.SERVER_LIKE["max_num_seqs"],
                         long_prefill_token_threshold=p.long_prefill_token_threshold)
 tok = llm.get_tokenizer()
-alone = capacity.unloaded(llm, capacity.Requests(tok, capacity.Mix(chat_output_tokens=p.chat_output_tokens), seed=9), count=5)
+alone = loadtest.unloaded(llm, loadtest.Requests(tok, loadtest.Mix(chat_output_tokens=p.chat_output_tokens), seed=9), count=5)
 if p.slo_unit == "unloaded":
-    objective = capacity.relative_slo(alone, p.slo_ttft, p.slo_tpot, p.slo_e2e or None)
+    objective = loadtest.relative_slo(alone, p.slo_ttft, p.slo_tpot, p.slo_e2e or None)
 else:
     objective = slo.SLO(p.slo_ttft, p.slo_tpot, p.slo_e2e or None)
-maker = capacity.Requests(tok, mix)
+maker = loadtest.Requests(tok, mix)
 calibration = [alone.assign(run="unloaded")]
 if p.rate_unit == "saturation":
-    closed = capacity.run_closed_loop(llm, maker, users=p.saturation_users, count=2 * p.saturation_users)
-    saturation = capacity.saturation_rps(closed, p.warmup_fraction)
+    closed = loadtest.run_closed_loop(llm, maker, users=p.saturation_users, count=2 * p.saturation_users)
+    saturation = loadtest.saturation_rps(closed, p.warmup_fraction)
     calibration.append(closed.assign(run="saturation"))
     swept = [round(f * saturation, 3) for f in p.rates]
 else:
@@ -91,7 +91,7 @@ print(f"SLO: {objective.describe()}; saturation throughput: {saturation:.2f} req
 # ## The sweep
 
 # %%
-sweep = capacity.run_open_loop(llm, maker, swept, seconds=p.seconds_per_rate, min_requests=p.min_requests)
+sweep = loadtest.run_open_loop(llm, maker, swept, seconds=p.seconds_per_rate, min_requests=p.min_requests)
 settings = llm.kvlab_settings
 kvlab.close_engine(llm)
 interactive = sweep[sweep.label != "batch"]
@@ -101,7 +101,7 @@ q = f"p{objective.percentile:g}"
 table[["rate_rps", "requests", "throughput_rps", "goodput_rps", "attainment", f"ttft_{q}_ms", f"tpot_{q}_ms", "meets_slo"]].round(2)
 
 # %%
-fig = kvlab.plots.capacity_sweep(table, objective, knee, sustainable)
+fig = kvlab.loadtest.rate_sweep_figure(table, objective, knee, sustainable)
 fig.show()
 
 # %% [markdown]

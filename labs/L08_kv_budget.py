@@ -95,7 +95,7 @@ table[["budget_blocks", "budget_tokens", "token_hit_rate", "shared_requests", "p
        "shared_ttft_p50_ms", "shared_ttft_p95_ms", "prefix_blocks_evicted", "removed_events"]].round(3)
 
 # %%
-fig = kvlab.plots.hit_rate_by_budget(table, survival, title=f"{prefix_blocks}-block shared prefix, "
+fig = kvlab.paged.hit_rate_by_budget(table, survival, title=f"{prefix_blocks}-block shared prefix, "
                                      f"{p.shared_share:.0%} of {p.requests} requests: hit rate and TTFT against the KV budget")
 fig.show()
 

@@ -58,9 +58,9 @@ for k in [0, *p.ks]:
     llm = kvlab.make_engine(p.model or None, enforce_eager=p.enforce_eager, max_model_len=2048,
                             **speculative.ngram_config(k, p.prompt_lookup_min, p.prompt_lookup_max))
     try:
-        runs.append(speculative.run_tasks(llm, p.tasks, p.requests, p.output_tokens, p.repeats, p.seed, k=k))
+        runs.append(speculative.time_tasks(llm, p.tasks, p.requests, p.output_tokens, p.repeats, p.seed, k=k))
         if k in (0, max(p.ks)):
-            prompts = [kvlab.prompts.chat_template_ids(llm.get_tokenizer(), m) for m in edit]
+            prompts = [kvlab.runtime.templates.chat_template_ids(llm.get_tokenizer(), m) for m in edit]
             batches.append(speculative.batch_run(llm, prompts, p.batch_sizes, p.batch_output_tokens, k=k))
         settings[f"k={k}"] = llm.kvlab_settings
     finally:
@@ -92,7 +92,7 @@ results = speculative.tidy(runs).merge(same[["task", "request", "repeat", "k", "
 results["identical"] = results.identical.fillna(True).astype(bool)  # k = 0 is the reference itself
 batch_runs = pd.concat(batches, ignore_index=True)
 batch_summary = speculative.speedups(batch_runs, by=("batch_size",))
-dtype = kvlab.engine.model_dtype()[0]
+dtype = kvlab.hardware.model_dtype()[0]
 print(f"{int(same.identical.sum())} of {len(same)} answers identical token for token with speculation ({dtype}; the "
       "verify pass rounds differently from single steps, so in 16-bit formats near-ties flip more often than in float32)")
 batch_summary.round(3)

@@ -95,11 +95,11 @@ else:
 # | **E2E latency** | arrival → last token | TTFT + decode time |
 
 # %%
-from kvlab import experiments, timing
+from kvlab import timing
 
 question = "Explain in a few sentences why a language model writes its answer one token at a time."
 repeats, max_tokens = kvlab.pick(10, 3), kvlab.pick(64, 32)
-runs, outputs = experiments.repeat_chat(llm, question, repeats=repeats, max_tokens=max_tokens)
+runs, outputs = timing.repeat_chat(llm, question, repeats=repeats, max_tokens=max_tokens)
 runs[["prompt_tokens", "output_tokens", "cached_tokens", "queue_s", "prefill_s", "decode_s", "ttft_s", "tpot_s", "e2e_s"]].round(4)
 
 # %%
@@ -114,7 +114,7 @@ summary = timing.summarize(runs, ["queue_s", "prefill_s", "decode_s", "ttft_s", 
 # %% tags=["key-figure"]
 median_i = (runs.ttft_s - runs.ttft_s.median()).abs().idxmin()
 print(timing.timeline(outputs[median_i]).round(2).to_string(index=False))
-fig = kvlab.plots.request_timeline(runs.loc[median_i], title=f"One request: {runs.prompt_tokens[median_i]} prompt tokens → {runs.output_tokens[median_i]} output tokens")
+fig = kvlab.timing.request_timeline(runs.loc[median_i], title=f"One request: {runs.prompt_tokens[median_i]} prompt tokens → {runs.output_tokens[median_i]} output tokens")
 fig.show()
 
 # %% [markdown]

@@ -92,7 +92,7 @@ table = sizing.preset_table("bf16")
 table.round(3)
 
 # %%
-kvlab.plots.bytes_per_token_bar(table, "bf16").show()
+kvlab.sizing.bytes_per_token_bar(table, "bf16").show()
 
 # %% [markdown]
 # ### How many sequences fit on one card?
@@ -107,11 +107,11 @@ kvlab.plots.bytes_per_token_bar(table, "bf16").show()
 
 # %%
 contexts, cards = [8192, 32768, 131072], [80, 141]
-grid = sizing.capacity_grid(sizing.list_presets(), cards, contexts)
+grid = sizing.kv_capacity_grid(sizing.list_presets(), cards, contexts)
 grid.pivot_table(index="model", columns=["memory_gib", "context"], values="max_sequences")
 
 # %%
-kvlab.plots.sequences_that_fit(grid).show()
+kvlab.sizing.sequences_that_fit_figure(grid).show()
 
 # %%
 from IPython.display import Markdown
@@ -148,24 +148,24 @@ kvlab.widgets.kv_calculator()
 # Each engine starts in eager mode: we measure memory here, not speed.
 
 # %%
-from kvlab import experiments, model
+from kvlab import sizing, variants
 
 chosen = sizing.load_arch(kvlab.resolve_model())
 print(f"The chosen model: {chosen.layers} layers, {chosen.query_heads} query heads, {chosen.kv_heads} KV heads of {chosen.head_dim} ({chosen.attention}).")
 layouts = {f"{chosen.attention}: the chosen model ({chosen.kv_heads} KV heads)": None}
 if chosen.attention == "MLA":
     print("An MLA model has no KV heads to vary: the MHA and MQA copies are skipped.")
-elif not model.kv_heads_configurable():
+elif not variants.kv_heads_configurable():
     print("This architecture has one K and V head per query head in every layer, with no setting for fewer "
           "(like OPT or GPT-2): the MHA and MQA copies are skipped.")
 else:
     if chosen.kv_heads != chosen.query_heads:
-        layouts[f"MHA copy ({chosen.query_heads} KV heads)"] = str(model.prepare_kv_variant(chosen.query_heads))
+        layouts[f"MHA copy ({chosen.query_heads} KV heads)"] = str(variants.prepare_kv_variant(chosen.query_heads))
     if chosen.kv_heads != 1:
-        layouts["MQA copy (1 KV head)"] = str(model.prepare_kv_variant(1))
+        layouts["MQA copy (1 KV head)"] = str(variants.prepare_kv_variant(1))
 rows = []
 for label, path in layouts.items():
-    row, _ = experiments.capacity_check(path, kv_cache_gib=1.0)
+    row, _ = sizing.kv_capacity_check(path, kv_cache_gib=1.0)
     rows.append({"layout": label} | row)
 checks = pd.DataFrame(rows)
 checks["formula_ratio"] = chosen.kv_heads / checks.kv_heads
@@ -203,11 +203,11 @@ px.bar(checks, x="layout", y=["hand_tokens", "engine_tokens"], barmode="group",
 
 # %%
 window = 256
-sliding_model = str(model.prepare_sliding_variant(window))
+sliding_model = str(variants.prepare_sliding_variant(window))
 rows = []
 for step_tokens in (None, 512):
     args = {"max_num_batched_tokens": step_tokens} if step_tokens else {}
-    row, _ = experiments.capacity_check(sliding_model, kv_cache_gib=1.0, **args)
+    row, _ = sizing.kv_capacity_check(sliding_model, kv_cache_gib=1.0, **args)
     rows.append(row)
 sliding = pd.DataFrame(rows)
 sliding[["max_model_len", "max_num_batched_tokens", "hand_blocks", "engine_blocks", "ideal_blocks_per_request",
@@ -249,15 +249,15 @@ print(f"A {window}-token window needs {int(sliding.ideal_blocks_per_request[0])}
 # %%
 from kvlab import tasks
 
-base_row, base_llm = experiments.capacity_check(None, kv_cache_gib=1.0, keep=True)
+base_row, base_llm = sizing.kv_capacity_check(None, kv_cache_gib=1.0, keep=True)
 base_answers = tasks.run_tasks(base_llm)
 kvlab.close_engine(base_llm)
 base_kv = base_row["kv_dtype"]  # the model's dtype on this machine, as the engine reports it
-fp8_blocked = kvlab.engine.fp8_kv_unsupported(chosen.head_dim)
+fp8_blocked = kvlab.hardware.fp8_kv_unsupported(chosen.head_dim)
 if fp8_blocked:
     print(f"The fp8 half of this section is skipped: {fp8_blocked}.")
 else:
-    fp8_row, fp8_llm = experiments.capacity_check(None, kv_cache_gib=1.0, kv_cache_dtype="fp8", keep=True)
+    fp8_row, fp8_llm = sizing.kv_capacity_check(None, kv_cache_gib=1.0, kv_cache_dtype="fp8", keep=True)
     fp8_answers = tasks.run_tasks(fp8_llm)
     kvlab.close_engine(fp8_llm)
     capacity_ratio, expected_ratio = fp8_row["engine_tokens"] / base_row["engine_tokens"], sizing.dtype_bytes(base_kv)
@@ -314,6 +314,6 @@ Markdown(f"""
 #    towards the ideal, and what does that cost?
 # 3. Gemma-2-9B has fewer KV heads than Llama-2-7B but a larger `head_dim`. Compute its bytes per token by hand and
 #    check the table.
-# 4. Start an engine with `kvlab.experiments.capacity_check(None, kv_cache_gib=2.0)`. Predict the
+# 4. Start an engine with `kvlab.sizing.kv_capacity_check(None, kv_cache_gib=2.0)`. Predict the
 #    engine's token count before you run it.
 # 5. Look at the outputs that changed under fp8. At which token do they first differ? Would your application notice?

@@ -55,12 +55,12 @@ pd.DataFrame(kvlab.timing.NAMES_ACROSS_TOOLS)
 # for this lesson, so every request pays its full prefill.
 
 # %%
-from kvlab import experiments, roofline, timing
+from kvlab import prefill_decode, roofline, sizing, timing
 
 limits = roofline.measure_limits(quick=kvlab.quick())  # in a fresh process; repeated after the sweep
 llm = kvlab.make_engine(enable_prefix_caching=False)
 cost = roofline.engine_cost(llm)
-assert limits.dtype == roofline.engine_dtype(llm)
+assert limits.dtype == kvlab.engine.engine_dtype(llm)
 pd.Series({"matmul peak (GFLOP/s)": limits.matmul_flops / 1e9, "memory bandwidth (GB/s)": limits.bandwidth / 1e9,
            "dtype": limits.dtype, "threads": limits.threads,
            "weights read per decode step (MB)": cost.decode_step_bytes(0) / 1e6,
@@ -77,7 +77,6 @@ pd.Series({"matmul peak (GFLOP/s)": limits.matmul_flops / 1e9, "memory bandwidth
 # `ridge × bytes per weight ÷ 2` prompt tokens. Here, and for one GPU from its datasheet:
 
 # %%
-from kvlab import sizing
 
 ridge, from_tokens = roofline.ridge_point(limits), cost.compute_bound_from(limits)
 gpu = roofline.H100_SXM_BF16
@@ -117,7 +116,7 @@ print(f"Llama-3.1-8B, {short}-token prompt on the {gpu.device}: {llama8b.prefill
 decode_tokens, repeats = kvlab.pick(32, 16), kvlab.pick(5, 3)
 context = kvlab.kv_capacity(llm).max_model_len  # a model with a shorter context runs the lengths that fit
 prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + decode_tokens <= context]
-runs = experiments.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")
+runs = prefill_decode.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")
 limits = roofline.best_of(limits, roofline.measure_limits(quick=kvlab.quick()))  # the peak seen before or after
 runs = roofline.add_bounds(runs, cost, limits)
 summary = timing.summarize(runs, ["ttft_s", "tpot_s", "prefill_s"], by=["prompt_tokens"])
@@ -129,9 +128,9 @@ runs[runs.outlier][["prompt_tokens", "repeat", "ttft_s", "tpot_s"]]  # the stall
 
 # %% tags=["key-figure"]
 from_tokens = cost.compute_bound_from(limits)  # with the peaks seen before or after the sweep
-fig = kvlab.plots.metric_vs_prompt(summary, "ttft_s", "ttft_bound_s", "TTFT grows with the prompt (prefill)", "TTFT (ms, log)", log_y=True)
-kvlab.plots.mark_compute_bound(fig, from_tokens, summary.prompt_tokens.max()).show()
-kvlab.plots.metric_vs_prompt(summary, "tpot_s", "tpot_bound_s", "TPOT barely moves (decode)", "TPOT (ms)").show()
+fig = kvlab.prefill_decode.metric_vs_prompt(summary, "ttft_s", "ttft_bound_s", "TTFT grows with the prompt (prefill)", "TTFT (ms, log)", log_y=True)
+kvlab.prefill_decode.mark_compute_bound(fig, from_tokens, summary.prompt_tokens.max()).show()
+kvlab.prefill_decode.metric_vs_prompt(summary, "tpot_s", "tpot_bound_s", "TPOT barely moves (decode)", "TPOT (ms)").show()
 
 # %% [markdown]
 # The checks below run on every execution of this notebook, on any machine: over an 8× (or wider) range of prompt
@@ -183,8 +182,8 @@ eff.round(1)
 # %%
 split_outputs = kvlab.pick([8, 32, 128], [8, 32])
 split_prompts = [prompt_lengths[0], min(kvlab.pick(2048, 1024), context - max(split_outputs))]
-split = experiments.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), warmup=0, desc="phase split", reuse=runs)
-kvlab.plots.phase_split(split).show()
+split = prefill_decode.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), warmup=0, desc="phase split", reuse=runs)
+kvlab.prefill_decode.phase_split(split).show()
 
 # %% [markdown]
 # **The crossover.** For N output tokens, decode costs about (N − 1) × TPOT, and prefill grows with the prompt. The
@@ -192,8 +191,8 @@ kvlab.plots.phase_split(split).show()
 
 # %%
 medians = runs.groupby("prompt_tokens", as_index=False)[["prefill_s", "tpot_s"]].median()
-crossings = {n: experiments.crossover(medians, n) for n in split_outputs}
-kvlab.plots.crossover_plot(medians, split_outputs, crossings).show()
+crossings = {n: prefill_decode.crossover(medians, n) for n in split_outputs}
+kvlab.prefill_decode.crossover_plot(medians, split_outputs, crossings).show()
 pd.Series({f"{n} output tokens": (f"{c:,.0f} prompt tokens" if c else "outside the measured range") for n, c in crossings.items()}, name="prefill = decode at")
 
 # %% [markdown]
@@ -213,7 +212,7 @@ view = streams[["prompt_tokens", "output_tokens", "client_ttft_s", "engine_ttft_
 view.round(4)
 
 # %%
-kvlab.plots.itl_scatter(streams).show()
+kvlab.prefill_decode.itl_scatter(streams).show()
 gap_ms = ((streams.client_ttft_s - streams.engine_ttft_s) * 1e3)
 print(f"client TTFT − engine TTFT: {gap_ms.min():.1f} to {gap_ms.max():.1f} ms (in-process: no network, no HTTP)")
 
@@ -230,7 +229,7 @@ print(f"client TTFT − engine TTFT: {gap_ms.min():.1f} to {gap_ms.max():.1f} ms
 
 # %%
 kvlab.close_engine(llm)
-widths = experiments.decode_by_width([1, 1.34, 2], prompt_tokens=128,
+widths = prefill_decode.decode_by_width([1, 1.34, 2], prompt_tokens=128,
                                      output_tokens=kvlab.pick(32, 16), repeats=kvlab.pick(5, 3), min_repeats=3)
 clean = kvlab.outliers.clean(widths)
 fit = roofline.fit_decode(clean.step_bytes, clean.tpot_s)
@@ -244,7 +243,7 @@ by_width.assign(weight_mb=by_width.weight_bytes / 1e6, step_mb=by_width.step_byt
                                                         "tpot_p95_ms", "memory share of the step"]].round(2)
 
 # %%
-kvlab.plots.decode_fit(widths, fit, peak).show()
+kvlab.prefill_decode.decode_fit(widths, fit, peak).show()
 course = fit.memory_share(cost.decode_step_bytes(128 + 16))
 step_8b = llama8b.decode_step_bytes(1024)  # Llama-3.1-8B in bf16, 1,024 tokens of context
 gpu_memory_ms = step_8b / gpu.bandwidth * 1e3
@@ -314,5 +313,5 @@ Markdown(f"""
 #    re-run sections 3–4. Which percentage moves?
 # 4. The TPOT bound grows with the prompt. Which term of `decode_step_bytes` causes that, and at what prompt length would it
 #    equal the weights?
-# 5. On a GPU, run section 7 (`experiments.decode_by_width`) with your own model: how large is the fixed cost per step
+# 5. On a GPU, run section 7 (`prefill_decode.decode_by_width`) with your own model: how large is the fixed cost per step
 #    there, and what share of an 8B model's step is memory traffic once it is measured rather than guessed?

@@ -161,7 +161,7 @@ px.box(mixed, x="caching", y=mixed.ttft_s * 1e3, color="label", points="all",
 # %% [markdown]
 # ## 7. A response cache is a different thing: Redis behind a gateway
 #
-# A deployed stack puts a **gateway** between the client and the engine (`kvlab/gateway.py`: the same OpenAI chat API,
+# A deployed stack puts a **gateway** between the client and the engine (`kvlab/runtime/gateway.py`: the same OpenAI chat API,
 # forwarding to lesson 06's vLLM server). It answers an *exact repeat* of a deterministic request (temperature 0) from
 # **Redis** — a real `redis-server` on 127.0.0.1, no persistence — and that hit skips the model entirely. Everything
 # else goes to the engine, whose prefix cache may still skip part of prefill. Two caches, two hit rates, two metrics.
@@ -174,8 +174,8 @@ px.box(mixed, x="caching", y=mixed.ttft_s * 1e3, color="label", points="all",
 # lesson 06 shows vLLM's CPU default, which keeps a core for the scheduler).
 
 # %%
-from kvlab import gateway, serving
-from kvlab.redis_server import RedisServer
+from kvlab.runtime import gateway, serving
+from kvlab.runtime.redis_server import RedisServer
 
 kvlab.close_engine(llm)
 server_context = kvlab.model.fit_context(4096)  # 4,096 tokens, or the model's own context where it is shorter
@@ -188,7 +188,7 @@ asked = turns[:3]  # three per path in both modes: a median of three is not move
 n_edits = kvlab.pick(len(asked), 1)  # the edits' checks are per request (who answered, tokens cached), not medians
 edits = {"paraphrased": caching.edited_prompts(short_system, "paraphrase", n_edits),
          "version bumped": caching.edited_prompts(short_system, "version bump", n_edits)}
-paths = gateway.three_paths(gw.client(), short_system, asked, max_tokens=8, variants=edits)
+paths = caching.three_paths(gw.client(), short_system, asked, max_tokens=8, variants=edits)
 paths["ttft_ms"] = paths.ttft_s * 1e3
 by_path = paths.groupby("label", sort=False).agg(requests=("ttft_ms", "size"), answered_by=("answered_by", "first"),
                                                  engine_cached_tokens=("cached_tokens", "median"),

@@ -37,7 +37,7 @@ env = kvlab.print_env()
 # %%
 from transformers import AutoTokenizer
 
-from kvlab import workload
+from kvlab import chunked_prefill, workload
 
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model())
 decoders, decoder_tokens = kvlab.pick(4, 3), kvlab.pick(96, 48)
@@ -63,10 +63,10 @@ from tqdm.auto import tqdm
 results, timelines, behind = [], {}, []
 for name, args in tqdm(configs.items(), desc="configurations"):
     llm = kvlab.make_engine(enforce_eager=True, max_model_len=context, **args)
-    tokens, reqs = workload.run_workload(llm, workload.interference_arrivals(tok, decoders, 64, decoder_tokens, long_tokens, long_at))
-    results.append({"config": name} | workload.interference_summary(tokens, reqs))
+    tokens, reqs = workload.run_workload(llm, chunked_prefill.interference_arrivals(tok, decoders, 64, decoder_tokens, long_tokens, long_at))
+    results.append({"config": name} | chunked_prefill.interference_summary(tokens, reqs))
     timelines[name] = (tokens, reqs)
-    _, short = workload.run_workload(llm, workload.short_behind_long_arrivals(tok, long_tokens, 32, 0.05))
+    _, short = workload.run_workload(llm, chunked_prefill.short_behind_long_arrivals(tok, long_tokens, 32, 0.05))
     behind.append({"config": name} | short.set_index("label").ttft_s.mul(1e3).add_suffix(" TTFT (ms)").to_dict())
     kvlab.close_engine(llm)
 summary = pd.DataFrame(results)
@@ -78,9 +78,9 @@ summary.round(1)
 # With chunked prefill off, the long prompt's whole prefill is one step: every decoder's next token waits for it.
 
 # %%
-kvlab.plots.token_timeline(*timelines["chunked off"], "Chunked prefill off: decoders stop while the long prompt is prefilled").show()
+chunked_prefill.token_timeline(*timelines["chunked off"], "Chunked prefill off: decoders stop while the long prompt is prefilled").show()
 smallest = f"chunks of {min(budgets)}"
-kvlab.plots.token_timeline(*timelines[smallest], f"Chunked prefill, {min(budgets)}-token budget: decoders keep going").show()
+chunked_prefill.token_timeline(*timelines[smallest], f"Chunked prefill, {min(budgets)}-token budget: decoders keep going").show()
 
 # %% [markdown]
 # ## 4. The trade-off curve
@@ -89,7 +89,7 @@ kvlab.plots.token_timeline(*timelines[smallest], f"Chunked prefill, {min(budgets
 # worst gaps were while it was being prefilled.
 
 # %% tags=["key-figure"]
-kvlab.plots.tradeoff(summary).show()
+chunked_prefill.tradeoff(summary).show()
 s = summary.set_index("config")
 off_max, small_max = s.decoder_itl_max_ms["chunked off"], s.decoder_itl_max_ms[smallest]
 print(f"decoders' worst gap: {off_max:.0f} ms with chunking off, {small_max:.0f} ms with {min(budgets)}-token chunks; "

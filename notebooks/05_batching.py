@@ -37,13 +37,13 @@ env = kvlab.print_env()
 import pandas as pd
 import plotly.express as px
 
-from kvlab import experiments, roofline, timing
+from kvlab import batching, roofline, timing
 
 llm = kvlab.make_engine(enable_prefix_caching=False, max_num_batched_tokens=8192)  # a whole batch's prompts in one step
 batch_sizes = kvlab.pick([1, 4, 8, 16, 32, 64], [1, 8, 16])
 prompt_tokens, output_tokens = 128, kvlab.pick(64, 32)
-batches = experiments.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens, repeats=2)
-summary = experiments.batch_summary(batches)
+batches = batching.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens, repeats=2)
+summary = batching.batch_summary(batches)
 summary.round(3)
 
 # %% tags=["key-figure"]
@@ -78,8 +78,8 @@ assert b.ttft_s_p50[last] > b.ttft_s_p50[first]
 # %%
 long_prompt = 1024
 long_sizes = [1, 8]
-long_batches = experiments.batch_sweep(llm, long_sizes, long_prompt, output_tokens, repeats=kvlab.pick(2, 1))
-long_summary = experiments.batch_summary(long_batches)
+long_batches = batching.batch_sweep(llm, long_sizes, long_prompt, output_tokens, repeats=kvlab.pick(2, 1))
+long_summary = batching.batch_summary(long_batches)
 cost = roofline.engine_cost(llm)
 rows = []
 for context, table in ((prompt_tokens, summary), (long_prompt, long_summary)):
@@ -146,8 +146,8 @@ cap = kvlab.kv_capacity(tight)
 blocks_per_seq = kvlab.sizing.blocks_needed(prompt_tokens + output_tokens, cap.block_size)  # whole blocks, rounded up
 predicted = kvlab.sizing.sequences_that_fit(cap.num_blocks, cap.block_size, prompt_tokens + output_tokens)
 print(f"{cap}\neach sequence needs {blocks_per_seq} blocks → at most {predicted} sequences at once")
-capped = experiments.batch_sweep(tight, [predicted, 4 * predicted], prompt_tokens, output_tokens, repeats=1)
-capped_summary = experiments.batch_summary(capped)
+capped = batching.batch_sweep(tight, [predicted, 4 * predicted], prompt_tokens, output_tokens, repeats=1)
+capped_summary = batching.batch_summary(capped)
 capped_summary[["batch_size", "ttft_s_p50", "ttft_s_p95", "tpot_s_p50", "output_tok_s", "preemptions"]].round(3)
 
 # %%

@@ -34,7 +34,7 @@ env = kvlab.print_env()
 # its steps are slower than those lessons' (`docs/stalls.md` has the numbers for a 2-core machine).
 
 # %%
-from kvlab import serving
+from kvlab.runtime import serving
 
 server = serving.start_server()
 print(f"{server}\nhealthy after {server.start_s:.0f} s; log: {server.log_file.name}")
@@ -123,7 +123,7 @@ print(f"TTFT p50: histogram estimate {board['TTFT p50 (ms)']:.0f} ms (only as sh
 # %% [markdown]
 # ## 5. A gateway in front: two hit rates, and the gateway's share of TTFT
 #
-# Production traffic rarely reaches the engine directly: a **gateway** sits in front (`kvlab/gateway.py`, the same
+# Production traffic rarely reaches the engine directly: a **gateway** sits in front (`kvlab/runtime/gateway.py`, the same
 # OpenAI API). Ours answers exact repeats of deterministic requests from **Redis** (a real `redis-server` on 127.0.0.1)
 # and forwards the rest. Its own `/metrics` sit next to the engine's, and the dashboard needs both: a **response-cache
 # hit** skips the model, a **prefix-cache hit** skips part of prefill — confusing the two is a classic misreading. The
@@ -132,14 +132,14 @@ print(f"TTFT p50: histogram estimate {board['TTFT p50 (ms)']:.0f} ms (only as sh
 # repeat — the two rates move independently. (No input cap here: the gateway does not need to tokenize.)
 
 # %%
-from kvlab import gateway
-from kvlab.redis_server import RedisServer
+from kvlab.runtime import gateway
+from kvlab.runtime.redis_server import RedisServer
 
 cache_server = RedisServer().start()
 gw = gateway.Gateway(server.url, server.model, cache_server.redis_url, ttl_s=600).start()
 engine_before = metrics.scrape(server.url)
-faq = gateway.faq_traffic(gw.client(), traffic.chat_sessions(kvlab.pick(6, 4), offset=20), repeats=kvlab.pick(4, 3))
-rates = gateway.hit_rates(engine_before, metrics.scrape(server.url), metrics.scrape_prefix(gw.url, "kvlab_gateway_"))
+faq = traffic.faq_traffic(gw.client(), traffic.chat_sessions(kvlab.pick(6, 4), offset=20), repeats=kvlab.pick(4, 3))
+rates = metrics.hit_rates(engine_before, metrics.scrape(server.url), metrics.scrape_prefix(gw.url, "kvlab_gateway_"))
 faq["gateway share of TTFT"] = faq.gateway_ms / (faq.ttft_s * 1e3)
 panel = faq.groupby("answered_by").agg(requests=("ttft_s", "size"), ttft_p50_ms=("ttft_s", lambda s: s.median() * 1e3),
                                        ttft_p95_ms=("ttft_s", lambda s: s.quantile(0.95) * 1e3),
@@ -196,7 +196,7 @@ mix_summary.round(1)
 
 # %% tags=["key-figure"]
 window = kvlab.pick(5.0, 4.0)  # seconds per point, like a dashboard's rate() over a window
-fig = kvlab.plots.bad_dashboard(runs, window_s=window)
+fig = kvlab.traffic.bad_dashboard(runs, window_s=window)
 fig.show()
 
 # %%
@@ -290,7 +290,7 @@ print(f"last turn ({off.prompt_tokens.iloc[-1]:,} prompt tokens): TTFT {off.ttft
 
 # %%
 pids = [p.pid for p in server.processes()]
-serving.stop_all()
+serving.stop_servers()
 import psutil
 
 left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]

@@ -45,12 +45,12 @@ env = kvlab.print_env()
 # %%
 import pandas as pd
 
-from kvlab import capacity, slo
+from kvlab import loadtest, slo
 
-engine_args = {"enforce_eager": True, **capacity.SERVER_LIKE}
+engine_args = {"enforce_eager": True, **loadtest.SERVER_LIKE}
 llm = kvlab.make_engine(scheduling_policy="priority", **engine_args)
 tok = llm.get_tokenizer()
-maker = capacity.Requests(tok, capacity.Mix(chat_output_tokens=32))
+maker = loadtest.Requests(tok, loadtest.Mix(chat_output_tokens=32))
 pd.Series(llm.kvlab_settings).to_frame("engine setting")
 
 # %% [markdown]
@@ -67,8 +67,8 @@ pd.Series(llm.kvlab_settings).to_frame("engine setting")
 # either.
 
 # %%
-alone = capacity.unloaded(llm, maker, count=kvlab.pick(8, 5))
-objective = capacity.relative_slo(alone, ttft_times=4, tpot_times=2)
+alone = loadtest.unloaded(llm, maker, count=kvlab.pick(8, 5))
+objective = loadtest.relative_slo(alone, ttft_times=4, tpot_times=2)
 q = f"p{objective.percentile:g}"
 print(f"unloaded chat ({len(alone)} requests, {alone.prompt_tokens.median():.0f} prompt + {alone.output_tokens.median():.0f} "
       f"output tokens): TTFT median {alone.ttft_s.median() * 1e3:.0f} ms, TPOT median {alone.tpot_s.median() * 1e3:.1f} ms")
@@ -83,12 +83,12 @@ print(f"the SLO: {objective.describe()}")
 
 # %%
 user_counts = kvlab.pick([4, 16, 32], [4, 16])
-closed = {u: capacity.run_closed_loop(llm, maker, users=u, count=u * kvlab.pick(3, 2)) for u in user_counts}
+closed = {u: loadtest.run_closed_loop(llm, maker, users=u, count=u * kvlab.pick(3, 2)) for u in user_counts}
 closed_table = pd.DataFrame([{"users": u} | slo.rate_point(slo.steady_state(df), objective) for u, df in closed.items()])
 closed_table[["users", "requests", "throughput_rps", "goodput_rps", "ttft_p50_ms", f"ttft_{q}_ms", f"tpot_{q}_ms"]].round(2)
 
 # %%
-saturation = capacity.saturation_rps(closed[user_counts[-1]])
+saturation = loadtest.saturation_rps(closed[user_counts[-1]])
 print(f"saturation throughput with {user_counts[-1]} users: {saturation:.2f} requests/s — the sweep below is set from it, "
       "so it fits any machine and model")
 
@@ -108,9 +108,9 @@ print(f"saturation throughput with {user_counts[-1]} users: {saturation:.2f} req
 fractions = kvlab.pick([0.25, 0.5, 1.0, 1.25, 1.5], [0.5, 1.0, 2.0])
 rates = [round(f * saturation, 2) for f in fractions]
 seconds, min_requests = kvlab.pick(6, 5), kvlab.pick(12, 8)
-sweep = capacity.run_open_loop(llm, maker, rates, seconds=seconds, min_requests=min_requests)
+sweep = loadtest.run_open_loop(llm, maker, rates, seconds=seconds, min_requests=min_requests)
 # if the engine kept up with the top rate, double it (at most twice): the queue must be seen to grow
-sweep = capacity.extend_to_overload(llm, maker, sweep, seconds=seconds, min_requests=min_requests)
+sweep = loadtest.extend_to_overload(llm, maker, sweep, seconds=seconds, min_requests=min_requests)
 if len(added := sorted(set(sweep.rate_rps) - set(rates))):
     print(f"the engine kept up with {rates[-1]:.2f} req/s: added {', '.join(f'{r:.2f}' for r in added)} req/s to overload it")
 rates = sorted(sweep.rate_rps.unique())
@@ -121,7 +121,7 @@ columns = ["rate_rps", "requests", "throughput_rps", "goodput_rps", "attainment"
 table[columns].round(2)
 
 # %% tags=["key-figure"]
-fig = kvlab.plots.capacity_sweep(table, objective, knee, sustainable)
+fig = kvlab.loadtest.rate_sweep_figure(table, objective, knee, sustainable)
 fig.show()
 
 # %%
@@ -168,11 +168,11 @@ else:
 # %%
 overloaded = sweep[sweep.rate_rps == rates[-1]]
 runs = {f"closed loop, {user_counts[-1]} users": closed[user_counts[-1]], f"open loop, {rates[-1]:.2f} req/s": overloaded}
-kvlab.plots.in_flight(runs).show()
+kvlab.loadtest.in_flight(runs).show()
 
 # %%
-growth = {name: capacity.backlog_growth(df) for name, df in runs.items()}
-in_flight_max = {name: capacity.max_in_flight(df) for name, df in runs.items()}
+growth = {name: loadtest.backlog_growth(df) for name, df in runs.items()}
+in_flight_max = {name: loadtest.max_in_flight(df) for name, df in runs.items()}
 pd.DataFrame({"most requests in flight": in_flight_max, "backlog growth while arriving (requests/s)": growth}).round(2)
 
 # %%
@@ -180,7 +180,7 @@ closed_name, open_name = runs
 assert in_flight_max[closed_name] <= user_counts[-1], in_flight_max
 print(f"open loop: {rates[-1]:.2f} req/s arriving, {table.throughput_rps.iloc[-1]:.2f} req/s completed → the backlog grew "
       f"{growth[open_name]:.2f} requests/s; closed loop: {growth[closed_name]:+.2f} requests/s")
-assert growth[open_name] > capacity.OVERLOAD_GROWTH_RPS and growth[open_name] > growth[closed_name] + 0.5, growth
+assert growth[open_name] > loadtest.OVERLOAD_GROWTH_RPS and growth[open_name] > growth[closed_name] + 0.5, growth
 
 # %% [markdown]
 # ## 6. Chat next to batch jobs on one pool
@@ -194,12 +194,12 @@ assert growth[open_name] > capacity.OVERLOAD_GROWTH_RPS and growth[open_name] > 
 # %%
 chat_rate = round(0.4 * saturation, 2)
 window_s, batch_jobs = kvlab.pick(10, 6), 4
-mix = capacity.Mix(batch_prompt_tokens=1200)
+mix = loadtest.Mix(batch_prompt_tokens=1200)
 
 
 def traffic(batch: int = batch_jobs) -> list:
     """The same chats and batch jobs every time (a fresh copy: settings below change lanes and priorities)."""
-    return capacity.chat_and_batch(capacity.Requests(tok, mix, seed=3), chat_rate, window_s, batch, batch_at=(0.25,), seed=1)
+    return loadtest.chat_and_batch(loadtest.Requests(tok, mix, seed=3), chat_rate, window_s, batch, batch_at=(0.25,), seed=1)
 
 
 def same_priority(arrivals: list) -> list:
@@ -209,11 +209,11 @@ def same_priority(arrivals: list) -> list:
     return arrivals
 
 
-capacity.warm_up(llm, capacity.Requests(tok, mix, seed=8))  # untimed: full-budget prefill steps before timing them
+loadtest.warm_up(llm, loadtest.Requests(tok, mix, seed=8))  # untimed: full-budget prefill steps before timing them
 settings = {}
-settings["chat alone"] = capacity.run_setting(llm, traffic(batch=0))
-settings["+ batch, FCFS"] = capacity.run_setting(llm, same_priority(traffic()))
-rows = [capacity.pool_row(name, df, objective) for name, df in settings.items()]
+settings["chat alone"] = loadtest.run_setting(llm, traffic(batch=0))
+settings["+ batch, FCFS"] = loadtest.run_setting(llm, same_priority(traffic()))
+rows = [loadtest.pool_row(name, df, objective) for name, df in settings.items()]
 pd.DataFrame(rows).round(2)
 
 # %%
@@ -230,7 +230,7 @@ assert shared >= 2 * chat_alone, rows
 #   first, then the waiting queue in priority order).
 # - **An input cap in front of the engine, heavy jobs to a batch queue**: a request over 512 prompt tokens is not
 #   sent on the interactive path; it goes to a queue that lets one batch job into the engine at a time. The rule is
-#   the gateway's own (`kvlab.gateway.route`, the code lesson 06's gateway runs on every request, one batch job at the
+#   the gateway's own (`kvlab.runtime.gateway.route`, the code lesson 06's gateway runs on every request, one batch job at the
 #   engine by default); here it routes the in-process traffic, so the comparison with the other settings stays on one
 #   engine and one clock. Through HTTP the gateway adds about a millisecond per request (lesson 06 measures it).
 # - **A chunked-prefill budget**: a second engine with 512 tokens per step and at most 64 prompt tokens per request
@@ -241,14 +241,14 @@ assert shared >= 2 * chat_alone, rows
 #   cores** — two processes, one core each, running at the same time — not by time-slicing.
 
 # %%
-settings["priority"] = capacity.run_setting(llm, traffic())
-settings["input cap + batch queue"] = capacity.run_setting(llm, capacity.route_by_input_cap(same_priority(traffic()), 512),
-                                                           lane_limits=capacity.BATCH_LANE)
+settings["priority"] = loadtest.run_setting(llm, traffic())
+settings["input cap + batch queue"] = loadtest.run_setting(llm, loadtest.route_by_input_cap(same_priority(traffic()), 512),
+                                                           lane_limits=loadtest.BATCH_LANE)
 kvlab.close_engine(llm)
 budget_args = engine_args | {"max_num_batched_tokens": 512, "long_prefill_token_threshold": 64}
 llm = kvlab.make_engine(scheduling_policy="priority", **budget_args)
-capacity.warm_up(llm, capacity.Requests(tok, mix, seed=8))
-settings["chunk budget 512/64"] = capacity.run_setting(llm, same_priority(traffic()))
+loadtest.warm_up(llm, loadtest.Requests(tok, mix, seed=8))
+settings["chunk budget 512/64"] = loadtest.run_setting(llm, same_priority(traffic()))
 kvlab.close_engine(llm)
 
 # %%
@@ -261,11 +261,11 @@ split = {"chat": (cores[: len(cores) // 2], [a for a in arrivals if a.label == "
 pool_runs = pools.run_pools(split, kvlab.resolve_model(), engine_args)
 assert all(len(pool_runs[name]) == len(jobs) for name, (_, jobs) in split.items())  # each pool answered all its requests
 settings[f"separate pools ({len(split['chat'][0])} + {len(split['batch'][0])} cores)"] = pd.concat(pool_runs.values(), ignore_index=True)
-mitigations = pd.DataFrame([capacity.pool_row(name, df, objective) for name, df in settings.items()])
+mitigations = pd.DataFrame([loadtest.pool_row(name, df, objective) for name, df in settings.items()])
 mitigations.round(2)
 
 # %%
-kvlab.plots.mitigations(mitigations, objective).show()
+kvlab.loadtest.mitigations(mitigations, objective).show()
 
 # %%
 from IPython.display import Markdown
@@ -315,7 +315,7 @@ Markdown(f"""
 # %% [markdown]
 # ## Exercises
 #
-# 1. Tighten the SLO to 2× the unloaded TTFT (`capacity.relative_slo(alone, 2, 2)`) and recompute `slo.rate_table` on the
+# 1. Tighten the SLO to 2× the unloaded TTFT (`loadtest.relative_slo(alone, 2, 2)`) and recompute `slo.rate_table` on the
 #    same `sweep`. How far does the maximum sustainable rate move? No new measurement is needed — why not?
 # 2. In section 3, is there a number of users at which the closed loop breaks the SLO? Compare that with the open-loop
 #    rate where it breaks: which test would you show a product manager, and why?

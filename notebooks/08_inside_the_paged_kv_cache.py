@@ -132,7 +132,7 @@ pool.groupby(["phase", "label"]).agg(requests=("cached_tokens", "size"), cached_
                                      ttft_ms=("ttft_s", lambda s: s.median() * 1e3)).round(1)
 
 # %% tags=["key-figure"]
-fig = kvlab.plots.block_pool(life, t0, end, title=f"A {pool_blocks}-block pool: the shared prefix survives while it is used, "
+fig = kvlab.paged.block_pool(life, t0, end, title=f"A {pool_blocks}-block pool: the shared prefix survives while it is used, "
                              "and is evicted first once it is not")
 for phase, at in marks.items():
     fig.add_vline(x=at, line_dash="dot", annotation_text=phase, annotation_position="top right")
@@ -178,7 +178,7 @@ by_budget[["budget_tokens", "budget_mib", "token_hit_rate", "shared_requests", "
            "shared_ttft_p50_ms", "shared_ttft_p95_ms", "prefix_blocks_evicted"]].round(3)
 
 # %%
-fig = kvlab.plots.hit_rate_by_budget(by_budget.reset_index(), need)
+fig = kvlab.paged.hit_rate_by_budget(by_budget.reset_index(), need)
 fig.show()
 
 # %% [markdown]

@@ -48,7 +48,7 @@ from kvlab import roofline, speculative
 ks = kvlab.pick([2, 4, 8], [2, 4])
 limits = roofline.measure_limits(quick=kvlab.quick())
 base = kvlab.make_engine(enforce_eager=True, max_model_len=2048, enable_prefix_caching=True)
-cost, run_dtype = roofline.engine_cost(base), roofline.engine_dtype(base)
+cost, run_dtype = roofline.engine_cost(base), kvlab.engine.engine_dtype(base)
 verify = speculative.verify_cost(base, max(ks) + 1, repeats=kvlab.pick(7, 5))
 passes = verify.groupby("new_tokens").pass_s.agg(p50="median", p95=lambda s: s.quantile(0.95)).mul(1e3)
 context = int(verify.context_tokens.iloc[0])
@@ -88,7 +88,7 @@ assert most < passes.index[-1] * one / 2  # verifying k + 1 tokens costs well un
 
 # %%
 requests, max_tokens = kvlab.pick(3, 2), kvlab.pick(96, 64)
-runs = [speculative.run_tasks(base, list(speculative.TASKS), requests, max_tokens, k=0)]
+runs = [speculative.time_tasks(base, list(speculative.TASKS), requests, max_tokens, k=0)]
 runs[0].groupby("task")[["prompt_tokens", "output_tokens", "client_tpot_s"]].median().round(4)
 
 # %% [markdown]
@@ -100,12 +100,12 @@ runs[0].groupby("task")[["prompt_tokens", "output_tokens", "client_tpot_s"]].med
 
 # %%
 batch_sizes, batch_k = kvlab.pick([1, 4, 16], [1, 8]), 4  # batches run with k = 4 (section 6)
-edit_prompts = [kvlab.prompts.chat_template_ids(base.get_tokenizer(), m) for m in speculative.task_messages("edit", 4)]
+edit_prompts = [kvlab.runtime.templates.chat_template_ids(base.get_tokenizer(), m) for m in speculative.task_messages("edit", 4)]
 batches = [speculative.batch_run(base, edit_prompts, batch_sizes, 64, k=0)]
 kvlab.close_engine(base)
 for k in ks:
     eng = kvlab.make_engine(enforce_eager=True, max_model_len=2048, **speculative.ngram_config(k))
-    runs.append(speculative.run_tasks(eng, list(speculative.TASKS), requests, max_tokens, k=k))
+    runs.append(speculative.time_tasks(eng, list(speculative.TASKS), requests, max_tokens, k=k))
     if k == batch_k:
         batches.append(speculative.batch_run(eng, edit_prompts, batch_sizes, 64, k=k))
     kvlab.close_engine(eng)

@@ -16,7 +16,7 @@ _CPU_SEEN: dict[int, float] = {}
 
 def pytest_report_header(config):
     """The machine this run is on (CPU, cores, memory, the dtype chosen): what a slow CI run is read against."""
-    from kvlab import envinfo
+    from kvlab.runtime import envinfo
 
     report = envinfo.env_report()
     keys = ("cpu", "cpu flags (vector/matrix)", "cores usable", "memory total / available", "vllm", "model dtype")
@@ -121,6 +121,27 @@ def pytest_runtest_protocol(item, nextitem):
                                 f"busy others: {_busy_processes(took)}]")
 
 
+@pytest.fixture(autouse=True)
+def _markers_say_what_a_test_starts(request, monkeypatch):
+    """A test that starts a vLLM engine or server must be marked ``engine``, one that executes a notebook ``notebook``:
+    ``make unit`` runs neither and stays under a minute. An unmarked test that tries either fails here at once."""
+    marks = {m.name for m in request.node.iter_markers()}
+    if "engine" in marks or "notebook" in marks:
+        return
+    if "engine" in request.fixturenames:
+        pytest.fail("this test uses the session's engine: mark it @pytest.mark.engine")
+    from kvlab.runtime import engine, kernels, serving
+
+    def refuse(what: str, mark: str):
+        def refused(*args, **kwargs):
+            pytest.fail(f"this test {what}: mark it @pytest.mark.{mark}")
+        return refused
+
+    monkeypatch.setattr(engine, "import_vllm", refuse("starts a vLLM engine", "engine"))
+    monkeypatch.setattr(serving.Server, "start", refuse("starts a vLLM server", "engine"))
+    monkeypatch.setattr(kernels, "execute", refuse("executes a notebook", "notebook"))
+
+
 @pytest.fixture(scope="session")
 def engine():
     """The default model in a real vLLM engine with KV Lab's settings (eager, 1 GiB KV on CPU)."""
@@ -135,9 +156,9 @@ def engine():
 def second_model():
     """The second architecture (Qwen2 layout, random weights, made locally): the model most lab tests run, so one
     CI run per lab covers both the lab and the course beyond its own model (tests/test_second_model.py)."""
-    from kvlab import model
+    from kvlab.runtime import randomweights
 
-    return model.prepare_second_model()
+    return randomweights.prepare_second_model()
 
 
 @pytest.fixture(scope="session")
@@ -150,7 +171,7 @@ def model_dir():
 
 def pytest_sessionfinish(session, exitstatus):
     """No vLLM server may outlive the tests or notebooks that started it: fail the run if one did."""
-    from kvlab.serving import running_servers
+    from kvlab.runtime.serving import running_servers
 
     left = [p.pid for p in running_servers()]
     if left:
@@ -158,7 +179,7 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
     import psutil
 
-    ours = ("kvlab.gateway", "kvlab-redis-")  # the gateway's module; the Redis the course starts works in kvlab-redis-*
+    ours = ("kvlab.runtime.gateway", "kvlab-redis-")  # the gateway's module; the Redis the course starts works in kvlab-redis-*
     others = [p.pid for p in psutil.process_iter(["cmdline"]) if any(m in " ".join(p.info["cmdline"] or []) for m in ours)]
     if others:
         print(f"\ngateway or Redis processes left running after the tests: {others}")

@@ -15,8 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvlab import config
-from kvlab.serving import free_port
+from kvlab.runtime import config
+from kvlab.runtime.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "01_kv_cache_by_hand.ipynb"

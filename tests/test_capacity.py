@@ -8,17 +8,18 @@ import json
 import pandas as pd
 import pytest
 
-from kvlab import capacity, labs, pools, workload
-from kvlab.errors import KVLabError
-from kvlab.model import SECOND_MODEL
+from kvlab import loadtest, pools, workload
+from kvlab.course import labs
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.model import SECOND_MODEL
 
 
 @pytest.mark.engine
 def test_closed_loop_keeps_each_user_to_one_request_in_flight(engine):
-    maker = capacity.Requests(engine.get_tokenizer(), capacity.Mix(chat_output_tokens=6))
-    reqs = capacity.run_closed_loop(engine, maker, users=3, count=9)
+    maker = loadtest.Requests(engine.get_tokenizer(), loadtest.Mix(chat_output_tokens=6))
+    reqs = loadtest.run_closed_loop(engine, maker, users=3, count=9)
     assert len(reqs) == 9 and sorted(reqs.user.unique()) == [0, 1, 2]
-    assert capacity.max_in_flight(reqs) <= 3
+    assert loadtest.max_in_flight(reqs) <= 3
     for _, mine in reqs.sort_values("arrival_s").groupby("user"):  # each next request arrives when the last one ended
         assert (mine.arrival_s.iloc[1:].to_numpy() >= mine.last_token_s.iloc[:-1].to_numpy() - 1e-9).all()
     assert (reqs.output_tokens == 6).all() and (reqs.tpot_s > 0).all() and (reqs.e2e_s >= reqs.ttft_s).all()
@@ -26,8 +27,8 @@ def test_closed_loop_keeps_each_user_to_one_request_in_flight(engine):
 
 @pytest.mark.engine
 def test_batch_lane_lets_one_job_into_the_engine_at_a_time(engine):
-    mix = capacity.Mix(chat_share=0.0, batch_share=1.0, batch_prompt_tokens=200, batch_output_tokens=4)
-    arrivals = capacity.open_loop(capacity.Requests(engine.get_tokenizer(), mix), rate_rps=50.0, count=3)
+    mix = loadtest.Mix(chat_share=0.0, batch_share=1.0, batch_prompt_tokens=200, batch_output_tokens=4)
+    arrivals = loadtest.open_loop(loadtest.Requests(engine.get_tokenizer(), mix), rate_rps=50.0, count=3)
     _, reqs = workload.run_workload(engine, arrivals, lane_limits={"batch": 1})
     reqs = reqs.sort_values("submitted_s")
     assert (reqs.submitted_s.iloc[1:].to_numpy() >= reqs.last_token_s.iloc[:-1].to_numpy() - 1e-9).all()
@@ -61,7 +62,7 @@ def test_lab_l07_bad_input_is_one_sentence_naming_the_parameter(given, message):
 def test_lab_l07_finds_the_sustainable_rate_and_writes_tidy_results(tmp_path, second_model):
     """On the second model (its one CI run, see tests/test_second_model.py); the results writer's safety to run twice
     is lab L01's test."""
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     out = tmp_path / "out"
     params = {"rates": [0.5, 1.5], "saturation_users": 8, "seconds_per_rate": 4.0, "min_requests": 8, "chat_share": 0.8,

@@ -1,7 +1,7 @@
 import pytest
 
-from kvlab import config
-from kvlab.errors import KVLabError
+from kvlab.runtime import config
+from kvlab.runtime.errors import KVLabError
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("true", True), ("", False), ("0", False), ("no", False)])
@@ -38,70 +38,70 @@ def test_kv_budget_default_and_value(monkeypatch):
 
 
 def test_dtype_follows_the_cpus_bf16_flags_and_the_override(monkeypatch):
-    from kvlab import engine
+    from kvlab.runtime import engine, hardware
 
     monkeypatch.delenv("KVLAB_DTYPE", raising=False)
-    monkeypatch.setattr(engine, "on_gpu", lambda: False)
-    assert engine.model_dtype({"avx512f", "avx512_bf16"}, speedup=2.3)[0] == "bfloat16"
-    assert engine.model_dtype({"amx_bf16", "amx_tile"}, speedup=5.0)[0] == "bfloat16"
-    dtype, why = engine.model_dtype({"avx512_bf16"}, speedup=0.4)  # flags say bf16, its multiply is slow: float32
+    monkeypatch.setattr(hardware, "on_gpu", lambda: False)
+    assert hardware.model_dtype({"avx512f", "avx512_bf16"}, speedup=2.3)[0] == "bfloat16"
+    assert hardware.model_dtype({"amx_bf16", "amx_tile"}, speedup=5.0)[0] == "bfloat16"
+    dtype, why = hardware.model_dtype({"avx512_bf16"}, speedup=0.4)  # flags say bf16, its multiply is slow: float32
     assert dtype == "float32" and "measured only 0.40x" in why
-    dtype, why = engine.model_dtype({"avx2", "avx512f", "avx512_vnni"})
+    dtype, why = hardware.model_dtype({"avx2", "avx512f", "avx512_vnni"})
     assert dtype == "float32" and "no native bf16" in why
     monkeypatch.setenv("KVLAB_DTYPE", "float32")
-    assert engine.model_dtype({"avx512_bf16"}) == ("float32", "set by KVLAB_DTYPE")
+    assert hardware.model_dtype({"avx512_bf16"}) == ("float32", "set by KVLAB_DTYPE")
     assert engine.engine_defaults()["dtype"] == "float32"
     monkeypatch.setenv("KVLAB_DTYPE", "fp33")
     with pytest.raises(KVLabError, match="is not one of auto, float32"):
-        engine.model_dtype()
+        hardware.model_dtype()
 
 
 def test_the_dtype_limits_are_measured_in_is_the_one_the_engine_will_run(monkeypatch):
     """On a GPU, vLLM's "auto" (config/model.py _resolve_auto_dtype): float32 configs run in the first supported
     16-bit type, bf16 configs fall back to float16 where bf16 is unsupported; float16 stays. Set dtypes win."""
-    from kvlab import engine
+    from kvlab.runtime import hardware
 
     monkeypatch.delenv("KVLAB_DTYPE", raising=False)
-    monkeypatch.setattr(engine, "on_gpu", lambda: True)
-    assert engine.resolved_dtype(config_dtype="torch.bfloat16", bf16_supported=True) == "bfloat16"
-    assert engine.resolved_dtype(config_dtype="bfloat16", bf16_supported=False) == "float16"  # a T4 or V100
-    assert engine.resolved_dtype(config_dtype="float32", bf16_supported=True) == "bfloat16"
-    assert engine.resolved_dtype(config_dtype="float32", bf16_supported=False) == "float16"
-    assert engine.resolved_dtype(config_dtype="float16", bf16_supported=True) == "float16"
+    monkeypatch.setattr(hardware, "on_gpu", lambda: True)
+    assert hardware.resolved_dtype(config_dtype="torch.bfloat16", bf16_supported=True) == "bfloat16"
+    assert hardware.resolved_dtype(config_dtype="bfloat16", bf16_supported=False) == "float16"  # a T4 or V100
+    assert hardware.resolved_dtype(config_dtype="float32", bf16_supported=True) == "bfloat16"
+    assert hardware.resolved_dtype(config_dtype="float32", bf16_supported=False) == "float16"
+    assert hardware.resolved_dtype(config_dtype="float16", bf16_supported=True) == "float16"
     monkeypatch.setenv("KVLAB_DTYPE", "float32")
-    assert engine.resolved_dtype(config_dtype="bfloat16", bf16_supported=True) == "float32"
+    assert hardware.resolved_dtype(config_dtype="bfloat16", bf16_supported=True) == "float32"
 
 
 def test_fp8_kv_support_follows_vllms_cpu_attention_rules(monkeypatch):
     """vLLM 0.32's CPU attention (cpu_attn.py, _get_attn_isa): fp8 KV needs AVX-512 or AMX, and a head size that is
     a multiple of 32 when it is one of 16 (80, 112, 160 are refused; 64, 128, 72 pass)."""
-    from kvlab import engine
+    from kvlab.runtime import hardware
 
-    monkeypatch.setattr(engine, "on_gpu", lambda: False)
-    assert engine.fp8_kv_unsupported(64, {"avx2", "avx512f"}) is None
-    assert engine.fp8_kv_unsupported(128, {"amx_tile", "amx_bf16"}) is None
-    assert engine.fp8_kv_unsupported(72, {"avx512f"}) is None
-    assert "head_dim is 80" in engine.fp8_kv_unsupported(80, {"avx512f"})
-    assert "head_dim is 112" in engine.fp8_kv_unsupported(112, {"amx_tile"})
-    assert "AVX-512 or AMX" in engine.fp8_kv_unsupported(64, {"avx2"})
-    monkeypatch.setattr(engine, "on_gpu", lambda: True)
-    assert engine.fp8_kv_unsupported(80, set()) is None  # on a GPU vLLM decides
+    monkeypatch.setattr(hardware, "on_gpu", lambda: False)
+    assert hardware.fp8_kv_unsupported(64, {"avx2", "avx512f"}) is None
+    assert hardware.fp8_kv_unsupported(128, {"amx_tile", "amx_bf16"}) is None
+    assert hardware.fp8_kv_unsupported(72, {"avx512f"}) is None
+    assert "head_dim is 80" in hardware.fp8_kv_unsupported(80, {"avx512f"})
+    assert "head_dim is 112" in hardware.fp8_kv_unsupported(112, {"amx_tile"})
+    assert "AVX-512 or AMX" in hardware.fp8_kv_unsupported(64, {"avx2"})
+    monkeypatch.setattr(hardware, "on_gpu", lambda: True)
+    assert hardware.fp8_kv_unsupported(80, set()) is None  # on a GPU vLLM decides
 
 
 def test_bf16_speed_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
     import json
 
-    from kvlab import engine
+    from kvlab.runtime import hardware
 
     monkeypatch.setenv("KVLAB_CACHE_DIR", str(tmp_path))
-    engine.bf16_gemm_speedup.cache_clear()
-    measured = engine.bf16_gemm_speedup()
+    hardware.bf16_gemm_speedup.cache_clear()
+    measured = hardware.bf16_gemm_speedup()
     saved = json.loads((tmp_path / "bf16-gemm.json").read_text())
     assert measured > 0 and saved["speedup"] == measured and "torch" in saved["key"]
     (tmp_path / "bf16-gemm.json").write_text(json.dumps(saved | {"speedup": 0.5}))  # a later process reads the file
-    engine.bf16_gemm_speedup.cache_clear()
-    assert engine.bf16_gemm_speedup() == 0.5
-    engine.bf16_gemm_speedup.cache_clear()
+    hardware.bf16_gemm_speedup.cache_clear()
+    assert hardware.bf16_gemm_speedup() == 0.5
+    hardware.bf16_gemm_speedup.cache_clear()
 
 
 def test_the_heap_is_frozen_at_exit_after_later_handlers_and_before_earlier_ones():

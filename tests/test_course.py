@@ -7,7 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvlab import config, course
+from kvlab.course import build as course
+from kvlab.runtime import config
 
 pytestmark = pytest.mark.notebook
 
@@ -17,7 +18,7 @@ def test_build_notebook_00_writes_html_and_index(tmp_path, monkeypatch):
     head per query head, a ReLU MLP, learned positions, 2,048 positions) with no chat template, so chats go out in KV
     Lab's plain lines (vLLM alone refuses: vllm/renderers/hf.py), said in one note and shown as the prompt the engine
     received; the 'Paris' check is skipped."""
-    from kvlab.model import BASE_MODEL
+    from kvlab.runtime.model import BASE_MODEL
 
     monkeypatch.setenv("KVLAB_MODEL", BASE_MODEL)  # the kernel papermill starts inherits it
     nb = course.lessons()[0]
@@ -47,17 +48,17 @@ def test_build_notebook_00_writes_html_and_index(tmp_path, monkeypatch):
 def test_every_headless_run_talks_over_ipc_sockets_with_a_blocking_client(tmp_path, capfd):
     """The kernels papermill starts (``make course``, labs, grids, tests: all through ``kernels.execute``) listen on
     Unix sockets, not TCP ports, and are read by jupyter_client's blocking client, whose waits can't miss a reply
-    (kvlab/kernels.py says why: papermill's default asyncio client hung CI twice)."""
+    (kvlab/runtime/kernels.py says why: papermill's default asyncio client hung CI twice)."""
     import nbformat
     from jupyter_client.blocking import BlockingKernelClient
 
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     assert isinstance(kernels.IPCKernelManager().client(), BlockingKernelClient)
     callers = [str(path.relative_to(config.REPO_ROOT)) for folder in ("kvlab", "tests", "instructors", "benchmarks")
                for path in (config.REPO_ROOT / folder).rglob("*.py")
                if path != Path(__file__) and "execute_notebook(" in path.read_text()]
-    assert callers == ["kvlab/kernels.py"], callers
+    assert callers == ["kvlab/runtime/kernels.py"], callers
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "from ipykernel.kernelapp import IPKernelApp\napp = IPKernelApp.instance()\nprint(app.transport, app.shell_port)"),
         nbformat.v4.new_code_cell("import ipywidgets as w\nout = w.Output()\nwith out:\n    print('in a widget')\nout")])

@@ -21,11 +21,11 @@ def test_kv_capacity_matches_hand_formula_to_one_block(engine, model_dir):
     cfg = json.loads((model_dir / "config.json").read_text())
     layers, kv_heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    dtype = kvlab.engine.model_dtype()[0]  # the machine's choice; the KV cache follows the model dtype
+    dtype = kvlab.runtime.hardware.model_dtype()[0]  # the machine's choice; the KV cache follows the model dtype
     per_token = 2 * layers * kv_heads * head_dim * kvlab.sizing.dtype_bytes(dtype)  # K and V
     assert per_token == {"float32": 46_080, "bfloat16": 23_040}[dtype]  # 2 · 30 · 3 · 64 · bytes, the default model's
     cap = kvlab.kv_capacity(engine)
-    budget = kvlab.config.kv_cache_gib() * 2**30
+    budget = kvlab.runtime.config.kv_cache_gib() * 2**30
     hand_tokens = math.floor(budget / per_token)
     assert cap.bytes_per_token == per_token
     assert abs(cap.tokens - hand_tokens) <= cap.block_size
@@ -34,7 +34,7 @@ def test_kv_capacity_matches_hand_formula_to_one_block(engine, model_dir):
 
 
 def test_engine_timestamps_are_ordered_and_consistent(engine):
-    df, _ = kvlab.experiments.repeat_chat(engine, "Name three colours.", repeats=2, max_tokens=8)
+    df, _ = kvlab.timing.repeat_chat(engine, "Name three colours.", repeats=2, max_tokens=8)
     assert (df.output_tokens == 8).all() and (df.prompt_tokens > 0).all()
     assert (df.queue_s >= 0).all() and (df.prefill_s > 0).all() and (df.decode_s > 0).all()
     assert (df.ttft_s >= df.prefill_s * 0.99).all()
@@ -47,7 +47,7 @@ def test_kv_budget_too_small_names_largest_context_and_fixes():
         kvlab.make_engine(kv_cache_gib=0.05, enforce_eager=True)
     msg = str(err.value)
     fits = re.search(r"largest context that fits is ([\d,]+) tokens", msg)
-    per_token = 2 * 30 * 3 * 64 * kvlab.sizing.dtype_bytes(kvlab.engine.model_dtype()[0])  # the course model's K and V
+    per_token = 2 * 30 * 3 * 64 * kvlab.sizing.dtype_bytes(kvlab.runtime.hardware.model_dtype()[0])  # the course model's K and V
     assert fits and 128 <= int(fits.group(1).replace(",", "")) <= 0.05 * 2**30 / per_token, msg  # 1,024 fp32; 2,176 bf16
     assert "kv_cache_gib" in msg and "max_model_len" in msg
     assert "\n" not in msg
@@ -55,21 +55,21 @@ def test_kv_budget_too_small_names_largest_context_and_fixes():
 
 def test_a_context_beyond_the_model_s_own_is_one_sentence_with_the_limit():
     """The base model (OPT layout) has 2,048 positions; vLLM refuses more (vllm/config/model.py) and fit_context fits."""
-    base = kvlab.model.BASE_MODEL
+    base = kvlab.runtime.model.BASE_MODEL
     with pytest.raises(kvlab.KVLabError) as err:
         kvlab.make_engine(base, max_model_len=4096, enforce_eager=True)
     msg = str(err.value)
     assert "max_model_len=4,096 is longer than this model's context of 2,048 tokens" in msg and "\n" not in msg
-    assert kvlab.model.fit_context(4096, base) == 2048 and kvlab.model.fit_context(1024, base) == 1024
+    assert kvlab.runtime.model.fit_context(4096, base) == 2048 and kvlab.runtime.model.fit_context(1024, base) == 1024
 
 
 def test_a_base_model_without_a_chat_template_gets_the_plain_template_on_the_server_too():
     """No chat template: vLLM alone refuses (vllm/renderers/hf.py); the server gets KV Lab's plain one, as kvlab.chat
     uses in-process (an engine on the base model runs lesson 00 in tests/test_course.py and checks the prompt)."""
-    cmd = kvlab.serving.Server(kvlab.model.BASE_MODEL).command()
+    cmd = kvlab.runtime.serving.Server(kvlab.runtime.model.BASE_MODEL).command()
     template = cmd[cmd.index("--chat-template") + 1]
-    assert open(template).read() == kvlab.prompts.PLAIN_CHAT_TEMPLATE
-    assert "--chat-template" not in kvlab.serving.Server().command()  # the course model keeps its own
+    assert open(template).read() == kvlab.runtime.templates.PLAIN_CHAT_TEMPLATE
+    assert "--chat-template" not in kvlab.runtime.serving.Server().command()  # the course model keeps its own
 
 
 def test_unknown_hub_model_is_one_sentence(monkeypatch):
@@ -93,31 +93,32 @@ def test_stream_timing_matches_engine_and_gives_every_gap(engine):
 
 
 def test_sweep_rows_are_cold_and_tidy(engine):
-    df = kvlab.experiments.sweep(engine, [64, 256], [4], repeats=2, warmup=1, desc="test", dtype="float32")
+    df = kvlab.prefill_decode.sweep(engine, [64, 256], [4], repeats=2, warmup=1, desc="test", dtype="float32")
     assert len(df) == 4 and set(df.prompt_tokens) == {64, 256} and (df.output_tokens == 4).all()
     assert (df.cached_tokens == 0).all() and (df.dtype == "float32").all()
     assert set(df.repeat) == {0, 1}
-    more = kvlab.experiments.sweep(engine, [64, 256], [2, 4], repeats=2, warmup=0, desc="test", reuse=df)
+    more = kvlab.prefill_decode.sweep(engine, [64, 256], [2, 4], repeats=2, warmup=0, desc="test", reuse=df)
     assert more[more.output_tokens == 4].equals(df)  # the points already timed are taken, not timed again
     assert len(more[more.output_tokens == 2]) == 4 and (more[more.output_tokens == 2].cached_tokens == 0).all()
 
 
 def test_sweep_with_min_repeats_stops_between_the_floor_and_the_ceiling(engine):
-    df = kvlab.experiments.sweep(engine, [64], [4], repeats=5, min_repeats=2, desc="test")
+    df = kvlab.prefill_decode.sweep(engine, [64], [4], repeats=5, min_repeats=2, desc="test")
     assert 2 <= len(df[~df.remeasured]) <= 5 and list(df[~df.remeasured].repeat) == list(range(len(df[~df.remeasured])))
 
 
 def test_too_long_prompt_is_refused_before_running(engine):
     with pytest.raises(kvlab.KVLabError, match="exceeds the engine's context"):
-        kvlab.experiments.sweep(engine, [8190], [10], repeats=1)
+        kvlab.prefill_decode.sweep(engine, [8190], [10], repeats=1)
 
 
 _CAPACITY_CHECKS = """
 import json, kvlab
-from kvlab import experiments, model
+from kvlab import sizing, timing
+from kvlab.runtime import model
 hybrid = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(30)]
-layouts = {"all sliding": model.prepare_sliding_variant(256),
-           "5:1 hybrid": model.prepare_variant("hybrid5to1", None, sliding_window=256, layer_types=hybrid)}
+layouts = {"all sliding": variants.prepare_sliding_variant(256),
+           "5:1 hybrid": variants.prepare_variant("hybrid5to1", None, sliding_window=256, layer_types=hybrid)}
 import tempfile, torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model())
@@ -127,7 +128,7 @@ gemma = AutoConfig.for_model("gemma3_text", vocab_size=len(tok), hidden_size=256
 layouts["Gemma-3 (real architecture)"] = tempfile.mkdtemp()
 AutoModelForCausalLM.from_config(gemma).to(torch.bfloat16).save_pretrained(layouts["Gemma-3 (real architecture)"])
 tok.save_pretrained(layouts["Gemma-3 (real architecture)"])
-rows = {name: experiments.capacity_check(str(path), kv_cache_gib=1.0, dtype="bfloat16", max_num_batched_tokens=512)[0]
+rows = {name: sizing.kv_capacity_check(str(path), kv_cache_gib=1.0, dtype="bfloat16", max_num_batched_tokens=512)[0]
         for name, path in layouts.items()}
 import shutil
 shutil.rmtree(layouts["Gemma-3 (real architecture)"])

@@ -7,8 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from kvlab import config, exercises, labs
-from kvlab.errors import KVLabError
+from kvlab.course import exercises, labs
+from kvlab.runtime import config
+from kvlab.runtime.errors import KVLabError
 
 REFERENCE = config.REPO_ROOT / "data" / "reference" / "cpu"
 
@@ -70,7 +71,7 @@ def test_reference_results_are_a_full_mode_run_with_machine_info(lab):
 
 @pytest.mark.notebook
 def test_solutions_notebook_runs_on_the_reference_results(tmp_path):
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     kernels.execute(str(config.REPO_ROOT / "instructors" / "solutions.ipynb"), str(tmp_path / "solutions.ipynb"),
                     cwd=str(config.REPO_ROOT / "instructors"))

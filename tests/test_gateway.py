@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
-from kvlab import gateway, services
-from kvlab.errors import KVLabError
-from kvlab.redis_server import RedisServer
+from kvlab.runtime import gateway, services
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.redis_server import RedisServer
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None,
                                  reason="redis-server is not installed (scripts/setup-redis.sh installs it as root)")
@@ -41,10 +41,10 @@ def test_over_cap_error_names_the_cap_and_the_way_out():
 def test_the_cap_rule_routes_at_the_boundary_and_lesson_07_uses_it():
     assert gateway.route(512, 512) == "engine" and gateway.route(10**6, 0) == "engine"
     assert gateway.route(513, 512) == "rejected" and gateway.route(513, 512, "batch") == "batch_lane"
-    from kvlab import capacity
+    from kvlab import loadtest
     from kvlab.workload import Arrival
-    lanes = [a.lane for a in capacity.route_by_input_cap([Arrival("chat", list(range(n)), 4) for n in (512, 513)], 512)]
-    assert lanes == ["", "batch"] and capacity.BATCH_LANE == {"batch": gateway.BATCH_CONCURRENCY}
+    lanes = [a.lane for a in loadtest.route_by_input_cap([Arrival("chat", list(range(n)), 4) for n in (512, 513)], 512)]
+    assert lanes == ["", "batch"] and loadtest.BATCH_LANE == {"batch": gateway.BATCH_CONCURRENCY}
 
 
 def test_a_cached_answer_streams_like_the_server():
@@ -87,7 +87,8 @@ def test_redis_on_a_busy_port_is_one_sentence():
 def test_gateway_serves_repeats_from_redis_survives_an_outage_and_refuses_over_cap(model_dir):
     import httpx
 
-    from kvlab import metrics, serving
+    from kvlab import metrics
+    from kvlab.runtime import serving
 
     question = [{"role": "user", "content": "Name three colours."}]
     long_prompt = [{"role": "user", "content": "word " * 300}]

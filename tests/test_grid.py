@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from kvlab import grid
-from kvlab.cli import main
-from kvlab.errors import KVLabError
+from kvlab.course import grid
+from kvlab.course.cli import main
+from kvlab.runtime.errors import KVLabError
 
 
 def write(tmp_path, text: str):
@@ -197,7 +197,7 @@ def test_ray_grid_lands_results_like_a_local_run_resumes_and_listens_on_loopback
 
 def test_ray_grid_without_a_cluster_is_one_sentence(tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed")
-    from kvlab import raygrid
+    from kvlab.course import raygrid
 
     with pytest.raises(KVLabError, match="Could not reach a Ray cluster at 'ray://127.0.0.1:1'"):
         list(raygrid.execute_all([grid.Run("L01_capacity_planning", {})], tmp_path, "ray://127.0.0.1:1"))

@@ -83,7 +83,7 @@ import json
 import kvlab
 from kvlab import kvevents
 from kvlab.caching import prefix_counters
-from kvlab.experiments import generate_timed
+from kvlab.timing import generate_timed
 from kvlab.prompts import distinct_prompts, prompt_of_length
 
 with kvevents.Subscriber() as sub:
@@ -184,11 +184,11 @@ def test_lifetimes_pair_each_stored_block_with_its_removal():
 
 
 def test_block_pool_figure_draws_one_bar_per_lifetime_by_owner():
-    from kvlab import plots
+    from kvlab import paged
 
     life = pd.DataFrame({"block_hash": ["a", "b", "c"], "position": [0, 1, 0], "owner": ["shared", "shared", ""],
                          "stored_ts": [10.0, 10.0, 11.0], "removed_ts": [12.0, float("nan"), 13.0]})
-    fig = plots.block_pool(life, t0=10.0, end_ts=14.0)
+    fig = paged.block_pool(life, t0=10.0, end_ts=14.0)
     shared = next(d for d in fig.data if d.name == "shared")
     assert list(shared.base) == [0.0, 0.0] and list(shared.x) == [2.0, 4.0]
     assert {d.name for d in fig.data} == {"shared", "other"}

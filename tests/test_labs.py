@@ -10,9 +10,10 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kvlab import config, labs
-from kvlab.errors import KVLabError
-from kvlab.model import SECOND_MODEL
+from kvlab.course import labs
+from kvlab.runtime import config
+from kvlab.runtime.errors import KVLabError
+from kvlab.runtime.model import SECOND_MODEL
 
 REFERENCE = config.REPO_ROOT / "data" / "reference" / "cpu"
 
@@ -80,7 +81,7 @@ def test_quick_mode_sizes_are_applied_in_validation(monkeypatch):
 def test_a_request_longer_than_the_model_s_context_is_refused_before_any_engine_starts(monkeypatch):
     """The base model has 2,048 positions: L04's default long prompt (2,048 + its 4 output tokens) cannot run on it,
     and L02's longest prompt only in full mode; the course model's 8,192 take both."""
-    from kvlab.model import BASE_MODEL
+    from kvlab.runtime.model import BASE_MODEL
 
     monkeypatch.setenv("KVLAB_QUICK", "0")
     with pytest.raises(KVLabError) as err:
@@ -100,7 +101,7 @@ def test_traffic_labs_count_their_longest_request_with_the_model_s_tokenizer(mon
     """L06's agent prompt grows every turn and L07's batch jobs are long documents: both are counted in the model's
     chat template before any engine starts (vLLM's server would clip max_tokens to fit, silently:
     vllm/entrypoints/serve/utils/api_utils.py get_max_tokens)."""
-    from kvlab.model import BASE_MODEL
+    from kvlab.runtime.model import BASE_MODEL
 
     monkeypatch.setenv("KVLAB_QUICK", "0")
     with pytest.raises(KVLabError, match=r"Lab L06_traffic_mix: its longest request, the last agent turn's prompt .* = "
@@ -145,7 +146,7 @@ def test_a_typo_on_papermills_command_line_fails_with_one_sentence(tmp_path):
 
 @pytest.mark.notebook
 def test_lab_l01_runs_headless_twice_and_writes_tidy_results(tmp_path):
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     out = tmp_path / "out"
     for _ in range(2):  # safe to run twice
@@ -167,7 +168,7 @@ def test_lab_l01_runs_headless_twice_and_writes_tidy_results(tmp_path):
 def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
     import papermill as pm
 
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     with pytest.raises(pm.PapermillExecutionError) as err:
         kernels.execute(str(labs.lab_path("L01_capacity_planning")), str(tmp_path / "bad.ipynb"), cwd=str(labs.LAB_DIR),
@@ -177,7 +178,7 @@ def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
 
 @pytest.mark.notebook
 def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch, second_model):
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     monkeypatch.setenv("KVLAB_QUICK", "1")
     out = tmp_path / "out"
@@ -206,7 +207,7 @@ def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch, se
 
 @pytest.mark.notebook
 def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path, second_model):
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     out = tmp_path / "out"
     kernels.execute(str(labs.lab_path("L03_prefix_cache_delta")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
@@ -223,7 +224,7 @@ def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path, second_model):
 
 @pytest.mark.notebook
 def test_lab_l04_compares_chunked_prefill_configs(tmp_path, second_model):
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     out = tmp_path / "out"
     kernels.execute(str(labs.lab_path("L04_chunked_prefill")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
@@ -238,7 +239,7 @@ def test_lab_l04_compares_chunked_prefill_configs(tmp_path, second_model):
 
 @pytest.mark.notebook
 def test_lab_l05_batch_sweep(tmp_path, second_model):
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     out = tmp_path / "out"
     kernels.execute(str(labs.lab_path("L05_batch_sweep")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),

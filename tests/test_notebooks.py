@@ -14,8 +14,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvlab import course
-from kvlab.serving import free_port
+from kvlab.course import build as course
+from kvlab.runtime.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("notebooks", "labs", "instructors")

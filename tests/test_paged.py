@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab import paged
-from kvlab.errors import KVLabError
+from kvlab.runtime.errors import KVLabError
 
 
 def test_blocks_needed_rounds_up_to_whole_blocks():
@@ -104,8 +104,9 @@ def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counte
 
     import pandas as pd
 
-    from kvlab import kernels, labs
-    from kvlab.model import SECOND_MODEL
+    from kvlab.course import labs
+    from kvlab.runtime import kernels
+    from kvlab.runtime.model import SECOND_MODEL
 
     out = tmp_path / "out"
     params = {"budgets": [0.6, 1.0], "requests": 10, "model": SECOND_MODEL, "output_dir": str(out)}
@@ -127,7 +128,8 @@ def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counte
 def test_lab_l08_traffic_longer_than_the_context_fails_before_any_engine_starts(tmp_path):
     import papermill as pm
 
-    from kvlab import kernels, labs
+    from kvlab.course import labs
+    from kvlab.runtime import kernels
 
     with pytest.raises(pm.PapermillExecutionError, match="longer than the model's context"):
         kernels.execute(str(labs.lab_path("L08_kv_budget")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),

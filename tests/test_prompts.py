@@ -3,7 +3,8 @@
 import pytest
 
 from kvlab import prompts
-from kvlab.errors import KVLabError
+from kvlab.runtime import templates
+from kvlab.runtime.errors import KVLabError
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,8 @@ def test_bad_length_refused(tok):
 
 def test_a_model_with_its_own_chat_template_keeps_it(tok):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    assert prompts.chat_template(tok) is None
-    assert prompts.chat_template_ids(tok, messages) == list(tok.apply_chat_template(messages, add_generation_prompt=True,
+    assert templates.chat_template(tok) is None
+    assert templates.chat_template_ids(tok, messages) == list(tok.apply_chat_template(messages, add_generation_prompt=True,
                                                                                       tokenize=True)["input_ids"])
 
 
@@ -61,7 +62,7 @@ def test_a_base_model_gets_the_plain_template_and_one_note(model_dir, capsys):
     base.chat_template = None
     base.name_or_path = "a-base-model-for-this-test"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    ids = prompts.chat_template_ids(base, messages)
+    ids = templates.chat_template_ids(base, messages)
     assert base.decode(ids) == "System: Be brief.\nUser: Hi there\nAssistant:"
-    assert prompts.chat_template_ids(base, messages) == ids
+    assert templates.chat_template_ids(base, messages) == ids
     assert capsys.readouterr().out.count("has no chat template") == 1

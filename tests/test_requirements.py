@@ -57,7 +57,7 @@ def test_pyproject_declares_pinned_dependencies_and_the_extras():
 def test_one_version_string():
     assert PROJECT["dynamic"] == ["version"] and "version" not in PROJECT
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "kvlab.__version__"}
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "kvlab.runtime.config.VERSION"}
     assert md.version("kvlab") == kvlab.__version__  # the installed metadata carries the same string
 
 

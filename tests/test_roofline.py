@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from kvlab import experiments, roofline
-from kvlab.errors import KVLabError
+from kvlab import prefill_decode, roofline
+from kvlab.runtime.errors import KVLabError
 from kvlab.sizing import load_preset
 
 SMOL = load_preset("SmolLM2-135M")["config"]
@@ -93,8 +93,8 @@ def test_add_bounds_ratios():
 def test_crossover_is_interpolated():
     medians = pd.DataFrame({"prompt_tokens": [100, 200, 400], "prefill_s": [0.1, 0.2, 0.4], "tpot_s": [0.01, 0.01, 0.01]})
     # decode of 31 tokens = 30 × 0.01 = 0.3 s; prefill reaches 0.3 s halfway between 200 and 400
-    assert experiments.crossover(medians, 31) == pytest.approx(300)
-    assert experiments.crossover(medians, 100) is None  # decode 0.99 s: never crossed in range
+    assert prefill_decode.crossover(medians, 31) == pytest.approx(300)
+    assert prefill_decode.crossover(medians, 100) is None  # decode 0.99 s: never crossed in range
 
 
 def test_limits_are_measured_and_plausible():

@@ -11,7 +11,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kvlab import config, labs, model
+from kvlab.course import labs
+from kvlab.runtime import config, gguf, model
 
 pytestmark = pytest.mark.notebook
 SECOND = model.SECOND_MODEL
@@ -34,7 +35,7 @@ def test_the_second_model_is_another_family_with_another_head_layout(second_mode
     from kvlab import sizing
 
     cfg = json.loads((second_model / "config.json").read_text())
-    course = sizing.load_arch(str(model.prepare_default_model()))
+    course = sizing.load_arch(str(gguf.prepare_default_model()))
     arch = sizing.load_arch(str(second_model))
     assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] != "llama"
     assert arch.kv_heads != course.kv_heads and arch.query_heads != course.query_heads and arch.layers != course.layers
@@ -55,7 +56,7 @@ def test_lesson_00_runs_with_the_base_model_in_the_course_build():
 
 @pytest.mark.parametrize("lesson", ["01_kv_cache_by_hand", "02_prefill_vs_decode"])
 def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_path, monkeypatch):
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     monkeypatch.setenv("KVLAB_MODEL", SECOND)
     monkeypatch.setenv("KVLAB_QUICK", "1")
@@ -71,7 +72,7 @@ def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_pa
 
 @pytest.mark.parametrize("lab", [lab for lab in labs.list_labs() if lab not in ELSEWHERE])
 def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch):
-    from kvlab import kernels
+    from kvlab.runtime import kernels
 
     monkeypatch.setenv("KVLAB_QUICK", "1")
     out = tmp_path / "out"

@@ -9,8 +9,10 @@ import socket
 import pandas as pd
 import pytest
 
-from kvlab import labs, metrics, services, serving, traffic
-from kvlab.errors import KVLabError
+from kvlab import metrics, traffic
+from kvlab.course import labs
+from kvlab.runtime import services, serving
+from kvlab.runtime.errors import KVLabError
 
 
 def test_engine_arguments_become_server_flags():
@@ -124,8 +126,8 @@ def test_lab_l06_traffic_mix(tmp_path, second_model):
     """Through the gateway (Redis response cache, an input cap that sends the agents' later turns down the batch lane),
     on the second model (the lab's one CI run, see tests/test_second_model.py); lesson 06 runs the course model without
     a gateway."""
-    from kvlab import kernels
-    from kvlab.model import SECOND_MODEL
+    from kvlab.runtime import kernels
+    from kvlab.runtime.model import SECOND_MODEL
 
     out = tmp_path / "out"
     kernels.execute(str(labs.lab_path("L06_traffic_mix")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),

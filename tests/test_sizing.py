@@ -3,7 +3,7 @@
 import pytest
 
 from kvlab import sizing
-from kvlab.errors import KVLabError
+from kvlab.runtime.errors import KVLabError
 
 GiB = 2**30
 
@@ -136,7 +136,7 @@ def test_mixture_of_experts_total_and_active_parameters():
 
 def test_capacity_plan_llama_8b_on_80_gib():
     arch = sizing.load_arch("Llama-3.1-8B")
-    plan = sizing.plan_capacity(arch, memory_gib=80, context=8192, utilization=0.9, target_sequences=16, overhead_gib=0)
+    plan = sizing.plan_kv_capacity(arch, memory_gib=80, context=8192, utilization=0.9, target_sequences=16, overhead_gib=0)
     budget = 80 * GiB * 0.9 - 8_030_261_248 * 2  # 61,248,888,832 B of KV
     assert plan.kv_budget_gib * GiB == pytest.approx(budget)
     assert plan.max_sequences == 57  # budget / 1 GiB per 8k sequence = 57.04
@@ -146,7 +146,7 @@ def test_capacity_plan_llama_8b_on_80_gib():
 
 
 def test_weights_that_do_not_fit_leave_no_kv():
-    plan = sizing.plan_capacity(sizing.load_arch("Llama-3.1-70B"), memory_gib=80, context=8192, target_sequences=1)
+    plan = sizing.plan_kv_capacity(sizing.load_arch("Llama-3.1-70B"), memory_gib=80, context=8192, target_sequences=1)
     assert not plan.weights_fit and plan.max_sequences == 0 and plan.kv_tokens == 0 and plan.largest_context_for_target == 0
 
 
@@ -177,13 +177,13 @@ def test_config_missing_fields_names_them():
 def test_zero_or_negative_sizes_name_the_parameter(kwargs, name):
     args = {"memory_gib": 80, "context": 8192} | kwargs
     with pytest.raises(KVLabError, match=rf"^{name} must be a positive number"):
-        sizing.plan_capacity(sizing.load_arch("Llama-3.1-8B"), **args)
+        sizing.plan_kv_capacity(sizing.load_arch("Llama-3.1-8B"), **args)
 
 
 def test_bad_utilization_and_dtype():
     arch = sizing.load_arch("Llama-3.1-8B")
     with pytest.raises(KVLabError, match="utilization must be a fraction"):
-        sizing.plan_capacity(arch, memory_gib=80, context=8192, utilization=1.5)
+        sizing.plan_kv_capacity(arch, memory_gib=80, context=8192, utilization=1.5)
     with pytest.raises(KVLabError, match="Unknown dtype 'fp7'.*bf16"):
         sizing.bytes_per_token(arch, "fp7")
 

@@ -8,8 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from kvlab import capacity, slo
-from kvlab.errors import KVLabError
+from kvlab import loadtest, slo
+from kvlab.runtime.errors import KVLabError
 
 
 def requests(ttft_ms: list[float], tpot_ms: list[float], start_s: float = 0.0, gap_s: float = 1.0, out: int = 10) -> pd.DataFrame:
@@ -102,13 +102,13 @@ def test_rate_table_has_one_row_per_rate_with_the_requests_behind_it():
 ])
 def test_mix_shares_must_sum_to_one(shares, message):
     with pytest.raises(KVLabError, match=message):
-        capacity.Mix(**shares)
+        loadtest.Mix(**shares)
 
 
 @pytest.mark.parametrize("rates", [[1.0, 0.5], [0.0, 1.0], [1.0, 1.0], []])
 def test_rates_must_be_positive_and_increasing(rates):
     with pytest.raises(KVLabError, match="Arrival rates must"):
-        capacity.check_rates(rates)
+        loadtest.check_rates(rates)
 
 
 class Tok:
@@ -130,8 +130,8 @@ class Tok:
 
 
 def test_open_loop_is_poisson_at_the_asked_rate_with_the_mix_shares():
-    maker = capacity.Requests(Tok(), capacity.Mix(chat_share=0.5, batch_share=0.5, batch_prompt_tokens=50))
-    arrivals = capacity.open_loop(maker, rate_rps=4.0, count=400, seed=1)
+    maker = loadtest.Requests(Tok(), loadtest.Mix(chat_share=0.5, batch_share=0.5, batch_prompt_tokens=50))
+    arrivals = loadtest.open_loop(maker, rate_rps=4.0, count=400, seed=1)
     span = arrivals[-1].at_s - arrivals[0].at_s
     assert 399 / span == pytest.approx(4.0, rel=0.15)
     kinds = [a.label for a in arrivals]
@@ -142,8 +142,8 @@ def test_open_loop_is_poisson_at_the_asked_rate_with_the_mix_shares():
 
 
 def test_closed_loop_sends_each_users_next_request_when_the_last_is_done():
-    maker = capacity.Requests(Tok(), capacity.Mix())
-    first, follow = capacity.closed_loop(maker, users=3, count=5, think_s=0.5)
+    maker = loadtest.Requests(Tok(), loadtest.Mix())
+    first, follow = loadtest.closed_loop(maker, users=3, count=5, think_s=0.5)
     assert [a.user for a in first] == [0, 1, 2]
     nxt = follow(first[1], 2.0)
     assert nxt.user == 1 and nxt.at_s == 2.5
@@ -151,13 +151,13 @@ def test_closed_loop_sends_each_users_next_request_when_the_last_is_done():
 
 
 def test_input_cap_routes_long_prompts_to_the_batch_lane():
-    maker = capacity.Requests(Tok(), capacity.Mix())
-    arrivals = capacity.chat_and_batch(maker, chat_rate_rps=2.0, seconds=5, batch_jobs=2)
-    capped = capacity.route_by_input_cap(arrivals, cap_tokens=400)
+    maker = loadtest.Requests(Tok(), loadtest.Mix())
+    arrivals = loadtest.chat_and_batch(maker, chat_rate_rps=2.0, seconds=5, batch_jobs=2)
+    capped = loadtest.route_by_input_cap(arrivals, cap_tokens=400)
     assert {a.lane for a in capped if len(a.prompt_ids) > 400} == {"batch"}
     assert {a.lane for a in capped if len(a.prompt_ids) <= 400} == {""}
     with pytest.raises(KVLabError, match="input cap must be at least 1 token"):
-        capacity.route_by_input_cap(arrivals, 0)
+        loadtest.route_by_input_cap(arrivals, 0)
 
 
 def queue(rate_rps: float, capacity_rps: float, count: int = 40) -> pd.DataFrame:
@@ -172,8 +172,8 @@ def queue(rate_rps: float, capacity_rps: float, count: int = 40) -> pd.DataFrame
 
 @pytest.mark.parametrize(("capacity_rps", "added"), [(3.0, []), (10.0, [8.0, 16.0]), (100.0, [8.0, 16.0])])
 def test_a_sweep_whose_top_rate_kept_up_doubles_it_until_the_queue_grows(monkeypatch, capacity_rps, added):
-    monkeypatch.setattr(capacity, "run_open_loop", lambda llm, maker, rates, *a, **k: queue(rates[0], capacity_rps))
-    swept = capacity.extend_to_overload(None, None, queue(4.0, capacity_rps), seconds=5)
+    monkeypatch.setattr(loadtest, "run_open_loop", lambda llm, maker, rates, *a, **k: queue(rates[0], capacity_rps))
+    swept = loadtest.extend_to_overload(None, None, queue(4.0, capacity_rps), seconds=5)
     assert sorted(set(swept.rate_rps) - {4.0}) == added  # at most two more; none when 4 req/s already overloads
     top = swept[swept.rate_rps == swept.rate_rps.max()]
-    assert (capacity.backlog_growth(top) > capacity.OVERLOAD_GROWTH_RPS) == (capacity_rps < 16)
+    assert (loadtest.backlog_growth(top) > loadtest.OVERLOAD_GROWTH_RPS) == (capacity_rps < 16)

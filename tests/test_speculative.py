@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from kvlab import speculative
-from kvlab.errors import KVLabError
+from kvlab.runtime.errors import KVLabError
 
 
 def test_ngram_config_is_vllms_speculative_config_and_k0_is_off():
@@ -66,7 +66,7 @@ def test_speedups_divide_tpot_without_by_tpot_with_speculation():
     ({"ks": [0, 2]}, "parameter ks must be positive, got 0"),
 ])
 def test_lab_l09_bad_input_is_one_sentence_naming_the_parameter(given, message):
-    from kvlab import labs
+    from kvlab.course import labs
 
     with pytest.raises(KVLabError, match="Lab L09_speculative: .*" + message):
         labs.validate("L09_speculative", given)
@@ -80,8 +80,9 @@ def test_lab_l09_writes_every_table_the_exercises_read(tmp_path, second_model):
     in float32 — is asserted by lesson 09 on the course model, through the same ``speculative`` functions."""
     import json
 
-    from kvlab import exercises, kernels, labs
-    from kvlab.model import SECOND_MODEL
+    from kvlab.course import exercises, labs
+    from kvlab.runtime import kernels
+    from kvlab.runtime.model import SECOND_MODEL
 
     out = tmp_path / "out"
     params = {"tasks": ["edit", "chat"], "ks": [4], "requests": 1, "output_tokens": 48, "batch_sizes": [1, 4],

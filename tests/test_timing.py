@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from kvlab import timing
-from kvlab.errors import KVLabError
+from kvlab.runtime.errors import KVLabError
 
 
 def fake_output(n_out=11, queued=10.0, scheduled=10.5, first=11.0, last=12.0, ttft=1.2, cached=0):

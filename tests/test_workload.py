@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from kvlab import workload
+from kvlab import chunked_prefill, workload
 
 
 def tokens_frame():
@@ -13,9 +13,9 @@ def tokens_frame():
 
 
 def test_gaps_between_picks_gaps_ending_in_the_window():
-    gaps = workload.gaps_between(tokens_frame(), ["decoder 1"], 0.5, 1.3)
+    gaps = chunked_prefill.gaps_between(tokens_frame(), ["decoder 1"], 0.5, 1.3)
     assert gaps == pytest.approx([1.0])
-    assert workload.gaps_between(tokens_frame(), "decoder 1", 0.0, 0.35) == pytest.approx([0.1, 0.1])
+    assert chunked_prefill.gaps_between(tokens_frame(), "decoder 1", 0.0, 0.35) == pytest.approx([0.1, 0.1])
 
 
 def test_concurrency_is_busy_time_over_span():
@@ -36,22 +36,22 @@ def test_poisson_arrivals_are_seeded_and_ordered(model_dir):
 @pytest.mark.engine
 def test_run_workload_times_every_token_and_admits_late_arrivals(engine):
     tok = engine.get_tokenizer()
-    arrivals = workload.interference_arrivals(tok, decoders=2, decoder_prompt=32, decoder_tokens=12, long_prompt=512, long_at_s=0.2)
+    arrivals = chunked_prefill.interference_arrivals(tok, decoders=2, decoder_prompt=32, decoder_tokens=12, long_prompt=512, long_at_s=0.2)
     tokens, reqs = workload.run_workload(engine, arrivals)
     r = reqs.set_index("label")
     assert list(r.output_tokens) == [12, 12, 4]
     assert r.submitted_s["long prompt"] >= 0.2 and r.submitted_s["decoder 1"] < 0.05
     assert (reqs.ttft_s > 0).all() and (reqs.last_token_s >= reqs.first_token_s).all()
     assert (reqs.ttft_s >= reqs.first_token_s - reqs.submitted_s - 1e-9).all()  # TTFT counts from arrival
-    summary = workload.interference_summary(tokens, reqs)
+    summary = chunked_prefill.interference_summary(tokens, reqs)
     assert summary["long_ttft_ms"] > 0 and summary["decoder_itl_max_ms"] >= summary["decoder_itl_p50_ms"]
 
 
 @pytest.mark.engine
 def test_batch_sweep_rows_and_throughput(engine):
-    from kvlab import experiments
+    from kvlab import batching
 
-    df = experiments.batch_sweep(engine, [1, 4], prompt_tokens=32, output_tokens=8, repeats=1)
+    df = batching.batch_sweep(engine, [1, 4], prompt_tokens=32, output_tokens=8, repeats=1)
     assert len(df) == 5 and (df.output_tokens == 8).all()
-    s = experiments.batch_summary(df).set_index("batch_size")
+    s = batching.batch_summary(df).set_index("batch_size")
     assert s.decode_tok_s[4] > s.decode_tok_s[1]

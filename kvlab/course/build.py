@@ -1,0 +1,231 @@
+"""Build the course: execute every numbered notebook headless (papermill), write HTML pages and an index."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote
+
+from kvlab.runtime import config, kernels
+
+
+@dataclass
+class NotebookRun:
+    """What happened to one notebook during a build."""
+
+    name: str
+    title: str
+    ok: bool
+    seconds: float
+    executed: Path
+    html: Path | None
+    error: str = ""
+    startup_s: float = 0.0  # engine and service start-ups within ``seconds`` (the rest is measurement)
+    startups: int = 0
+
+
+def lessons(folder: Path | None = None) -> list[Path]:
+    """The numbered lesson notebooks (``00_…``, ``01_…``), in order."""
+    folder = folder or config.REPO_ROOT / "notebooks"
+    return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def notebook_title(path: Path) -> str:
+    """The first markdown heading of a notebook, or its file name."""
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return path.stem
+
+
+def execute(notebook: Path, out_dir: Path, parameters: dict | None = None, kernel_name: str = "python3") -> Path:
+    """Run one notebook top to bottom with papermill; the executed copy is written even when a cell fails."""
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / notebook.name
+    kernels.execute(notebook, executed, parameters, kernel_name=kernel_name, log_output=False)
+    return executed
+
+
+#: A link from one lesson to another, as written in the notebooks (it works in JupyterLab): ``03_prefix_caching.ipynb#…``.
+_LESSON_LINK = re.compile(r'href="([0-9]{2}_[A-Za-z0-9_]+)\.ipynb(#[^"]*)?"')
+
+
+def to_html(executed: Path, out_dir: Path) -> Path:
+    """Convert an executed notebook to a standalone HTML page (plots embedded, works offline). Links to other lessons
+    are written once, as JupyterLab follows them (``03_prefix_caching.ipynb#4.-Token-identity…``); here they become
+    links to the lessons' pages (``03_prefix_caching.html#…``), anchors unchanged."""
+    from nbconvert import HTMLExporter
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body, _ = HTMLExporter(template_name="lab").from_filename(str(executed))
+    body = _LESSON_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
+    page = out_dir / f"{executed.stem}.html"
+    page.write_text(body, encoding="utf-8")
+    return page
+
+
+class _Anchors(HTMLParser):
+    """Every ``id`` and every ``href`` of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for key, value in attrs:
+            if key in ("id", "name") and value:
+                self.ids.add(value)
+            if key == "href" and value and tag == "a":
+                self.hrefs.append(value)
+
+
+def broken_links(out: Path) -> list[str]:
+    """Follow every relative link and anchor of the built course (``index.html`` and ``html/*.html``) and return the
+    ones that lead nowhere, as ``page: link``. External links (``http…``, ``mailto:``) are not followed."""
+    pages = [out / "index.html", *sorted((out / "html").glob("*.html"))]
+    parsed: dict[Path, _Anchors] = {}
+
+    def parse(page: Path) -> _Anchors:
+        if page not in parsed:
+            parser = _Anchors()
+            parser.feed(page.read_text(encoding="utf-8"))
+            parsed[page] = parser
+        return parsed[page]
+
+    broken = []
+    for page in pages:
+        if not page.is_file():
+            continue
+        for href in parse(page).hrefs:
+            if re.match(r"^[a-z][a-z0-9+.-]*:", href):  # http:, https:, mailto:, data:, javascript:
+                continue
+            target, _, fragment = href.partition("#")
+            target_page = (page.parent / unquote(target)).resolve() if target else page
+            if not target_page.is_file():
+                broken.append(f"{page.relative_to(out)}: {href} (no such file)")
+            elif fragment and target_page.suffix == ".html" and not {fragment, unquote(fragment)} & parse(target_page).ids:
+                broken.append(f"{page.relative_to(out)}: {href} (no such anchor)")
+    return broken
+
+
+def build(notebooks: list[Path] | None = None, out: Path | None = None, run: bool = True) -> tuple[Path, list[NotebookRun]]:
+    """Execute the notebooks, write one HTML page each and ``index.html``; a failure does not stop the rest. With
+    ``run=False`` the pages are made from the notebooks as written (no outputs): a preview of the course's prose and
+    links in seconds, for whoever edits it."""
+    from tqdm.auto import tqdm
+
+    out = out or config.build_dir()
+    runs: list[NotebookRun] = []
+    for nb in tqdm(notebooks or lessons(), desc="notebooks", unit="nb"):
+        start = time.perf_counter()
+        executed, error = out / "notebooks" / nb.name, ""
+        startup_log = out / "logs" / f"startups-{nb.stem}.jsonl"
+        startup_log.parent.mkdir(parents=True, exist_ok=True)
+        startup_log.unlink(missing_ok=True)
+        before = os.environ.get("KVLAB_STARTUP_LOG")
+        os.environ["KVLAB_STARTUP_LOG"] = str(startup_log)  # the kernel inherits it: config.note_startup writes there
+        try:
+            if run:
+                execute(nb, out / "notebooks")
+            else:
+                executed.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(nb, executed)
+        except Exception as exc:  # noqa: BLE001 - recorded, the build goes on
+            error = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+        finally:
+            os.environ.pop("KVLAB_STARTUP_LOG")
+            if before is not None:
+                os.environ["KVLAB_STARTUP_LOG"] = before
+        seconds = time.perf_counter() - start
+        starts = startup_seconds(startup_log)
+        page = to_html(executed, out / "html") if executed.exists() else None
+        runs.append(NotebookRun(nb.stem, notebook_title(nb), not error, seconds, executed, page, error,
+                                min(sum(starts), seconds), len(starts)))
+    index = write_index(runs, out)
+    return index, runs
+
+
+def startup_seconds(log: Path) -> list[float]:
+    """The start-up times (s) a lesson's engines and services recorded in its start-up log (``config.note_startup``)."""
+    if not log.is_file():
+        return []
+    return [float(json.loads(line)["seconds"]) for line in log.read_text().splitlines() if line.strip()]
+
+
+def highlights(executed: Path) -> tuple[str, str]:
+    """From an executed lesson: its key figure (the first plotly output of the cell tagged ``key-figure``) as an HTML
+    fragment, and its headline numbers (the Summary cell's Markdown output) as HTML; empty strings when missing."""
+    import mistune
+    import nbformat
+    import plotly.io as pio
+
+    nb = nbformat.read(executed, as_version=4)
+    figure = summary = ""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        outputs = [o.get("data", {}) for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
+        if not figure and "key-figure" in cell.get("metadata", {}).get("tags", []):
+            spec = next((d["application/vnd.plotly.v1+json"] for d in outputs if "application/vnd.plotly.v1+json" in d), None)
+            if spec is not None:
+                fig = pio.from_json(json.dumps(spec))
+                fig.update_layout(height=360)
+                figure = fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%")
+        previous = nb.cells[i - 1] if i else None
+        if previous is not None and previous.cell_type == "markdown" and previous.source.startswith("## Summary"):
+            text = next((d["text/markdown"] for d in outputs if "text/markdown" in d), "")
+            summary = mistune.html(text) if text else ""
+    return figure, summary
+
+
+def write_index(runs: list[NotebookRun], out: Path) -> Path:
+    """The course report: for every executed lesson, its status and run time, its key figure and its headline
+    numbers (the Summary written from that run), linking to the full page. Works offline (plotly.js inlined once)."""
+    from plotly.offline import get_plotlyjs
+
+    rows, sections = [], []
+    for r in runs:
+        link = f'<a href="html/{r.html.name}">{html.escape(r.title)}</a>' if r.html else html.escape(r.title)
+        status = "ran top to bottom" if r.ok else f"failed: {html.escape(r.error)}"
+        rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{link}</td><td class='{'ok' if r.ok else 'bad'}'>{status}</td>"
+                    f"<td>{r.seconds:.0f} s</td><td>{r.startup_s:.0f} s ({r.startups})</td>"
+                    f"<td>{r.seconds - r.startup_s:.0f} s</td></tr>")
+        figure, summary = highlights(r.executed) if r.executed.exists() else ("", "")
+        if figure or summary:
+            sections.append(f"<section><h2>{link}</h2><div class='fig'>{figure}</div>"
+                            f"<div class='numbers'><h3>Headline numbers from this build</h3>{summary}</div></section>")
+    mode = "quick (KVLAB_QUICK=1)" if config.quick() else "full"
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>KV Lab — course report</title>
+<script type="text/javascript">{get_plotlyjs()}</script>
+<style>body{{font-family:system-ui,sans-serif;max-width:64rem;margin:2rem auto;padding:0 1rem}}
+table{{border-collapse:collapse;width:100%}}td,th{{border-bottom:1px solid #ddd;padding:.4rem;text-align:left}}
+.ok{{color:#1a7f37}}.bad{{color:#cf222e}}section{{border-top:2px solid #eee;margin-top:2rem}}
+.numbers{{background:#f6f8fa;padding:.2rem 1rem;border-radius:6px}}</style></head><body>
+<h1>KV Lab — course report</h1>
+<p>Built {time.strftime('%Y-%m-%d %H:%M')} in {mode} mode with model <code>{html.escape(config.model_name())}</code>.
+Every number and figure below was measured during this build, on this machine.</p>
+<table><tr><th>lesson</th><th>title</th><th>status</th><th>run time</th><th>start-ups (how many)</th>
+<th>measurement and the rest</th></tr>
+{''.join(rows)}
+<tr><th colspan="3">whole course</th><th>{sum(r.seconds for r in runs):.0f} s</th>
+<th>{sum(r.startup_s for r in runs):.0f} s</th><th>{sum(r.seconds - r.startup_s for r in runs):.0f} s</th></tr>
+</table>
+<p>Start-ups: engines (<code>make_engine</code>) and services (vLLM server, gateway, Redis) starting, as each recorded
+it; two started side by side count twice.</p>
+{''.join(sections)}
+</body></html>"""
+    index = out / "index.html"
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text(page, encoding="utf-8")
+    return index
