@@ -130,7 +130,7 @@ def _markers_say_what_a_test_starts(request, monkeypatch):
         return
     if "engine" in request.fixturenames:
         pytest.fail("this test uses the session's engine: mark it @pytest.mark.engine")
-    from kvlab.runtime import engine, kernels, serving
+    from kvlab.runtime import engine, kernels, serving, services
 
     def refuse(what: str, mark: str):
         def refused(*args, **kwargs):
@@ -138,7 +138,12 @@ def _markers_say_what_a_test_starts(request, monkeypatch):
         return refused
 
     monkeypatch.setattr(engine, "import_vllm", refuse("starts a vLLM engine", "engine"))
-    monkeypatch.setattr(serving.Server, "start", refuse("starts a vLLM server", "engine"))
+    start, launch = serving.Server.start, refuse("starts a vLLM server", "engine")
+
+    def guarded_start(self):  # a busy port is refused before anything launches: that much a unit test may check
+        return start(self) if services.port_in_use(self.host, self.port) else launch()
+
+    monkeypatch.setattr(serving.Server, "start", guarded_start)
     monkeypatch.setattr(kernels, "execute", refuse("executes a notebook", "notebook"))
 
 

@@ -43,6 +43,9 @@ def test_dtype_follows_the_cpus_bf16_flags_and_the_override(monkeypatch):
     monkeypatch.delenv("KVLAB_DTYPE", raising=False)
     monkeypatch.setattr(hardware, "on_gpu", lambda: False)
     assert hardware.model_dtype({"avx512f", "avx512_bf16"}, speedup=2.3)[0] == "bfloat16"
+    dtype, why = hardware.model_dtype({"avx512_bf16", "amx_bf16", "amx_tile"}, speedup=5.0)
+    assert dtype == "float32" and "AMX bf16 attention kernel answered wrongly" in why  # vLLM 0.32's AMX kernel
+    monkeypatch.setattr(hardware, "AMX_BF16_ATTENTION_OK", True)  # a vLLM that fixes it: bf16 again
     assert hardware.model_dtype({"amx_bf16", "amx_tile"}, speedup=5.0)[0] == "bfloat16"
     dtype, why = hardware.model_dtype({"avx512_bf16"}, speedup=0.4)  # flags say bf16, its multiply is slow: float32
     assert dtype == "float32" and "measured only 0.40x" in why

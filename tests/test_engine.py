@@ -114,8 +114,7 @@ def test_too_long_prompt_is_refused_before_running(engine):
 
 _CAPACITY_CHECKS = """
 import json, kvlab
-from kvlab import sizing, timing
-from kvlab.runtime import model
+from kvlab import sizing, timing, variants
 hybrid = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(30)]
 layouts = {"all sliding": variants.prepare_sliding_variant(256),
            "5:1 hybrid": variants.prepare_variant("hybrid5to1", None, sliding_window=256, layer_types=hybrid)}

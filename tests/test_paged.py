@@ -125,6 +125,7 @@ def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counte
     assert (out / "hit_rate.html").exists()
 
 
+@pytest.mark.notebook
 def test_lab_l08_traffic_longer_than_the_context_fails_before_any_engine_starts(tmp_path):
     import papermill as pm
 

@@ -49,6 +49,11 @@ def on_gpu() -> bool:
 NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
 
 
+#: vLLM 0.32 runs bf16 attention on CPUs with AMX tiles through its AMX kernel (``vllm/v1/attention/backends/cpu_attn.py``,
+#: ``_get_attn_isa``: "amx" for bf16 whenever the block size is a multiple of 32, which the CPU backend requires). On an
+#: Intel Xeon with AMX (2026-12-03) that path answered the course model's check question with gibberish in eager mode,
+#: and correctly with the vector kernel forced or in float32: so AMX machines run float32 until a vLLM fixes it.
+AMX_BF16_ATTENTION_OK = False
 #: bf16 is chosen only where a bf16 matrix multiply also measures at least this much faster than float32 here.
 BF16_MIN_SPEEDUP = 1.1
 
@@ -89,13 +94,18 @@ def model_dtype(flags: set[str] | None = None, speedup: float | None = None) -> 
     """The dtype the engine runs the model in on this machine, and why. On a GPU: the model's own (vLLM's "auto").
     On a CPU with native bf16 flags whose bf16 matrix multiply also measures faster (``bf16_gemm_speedup``):
     bfloat16 (measured faster than float32: TTFT 898 vs 1,365 ms at 1,024 tokens, TPOT 24.7 vs 43.0 ms); without
-    native bf16 it is emulated and 3-4x slower than float32. ``KVLAB_DTYPE`` overrides."""
+    native bf16 it is emulated and 3-4x slower than float32; with AMX, float32 (``AMX_BF16_ATTENTION_OK``: vLLM's AMX
+    bf16 attention answers wrongly). ``KVLAB_DTYPE`` overrides."""
     asked = config.dtype_choice()
     if asked != "auto":
         return asked, "set by KVLAB_DTYPE"
     if on_gpu():
         return "auto", "GPU: the model's own dtype (vLLM's default)"
-    have = sorted(set(NATIVE_BF16) & (cpu_flags() if flags is None else flags))
+    flags = cpu_flags() if flags is None else flags
+    have = sorted(set(NATIVE_BF16) & flags)
+    if "amx_tile" in flags and not AMX_BF16_ATTENTION_OK:
+        return "float32", ("this CPU has AMX, and vLLM 0.32's AMX bf16 attention kernel answered wrongly here (measured: "
+                           "gibberish for 'What is the capital of France?', Paris with its vector kernel or in float32)")
     if not have:
         return "float32", "this CPU has no native bf16 (no avx512_bf16/amx_bf16): float32 is 3-4x faster than emulated bf16"
     speedup = bf16_gemm_speedup() if speedup is None else speedup
