@@ -36,7 +36,6 @@ def batch_sweep(llm: Any, batch_sizes: list[int], prompt_tokens: int, output_tok
     return pd.DataFrame(rows)
 
 
-
 def batch_summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per batch size: TTFT and TPOT (median, p95) and throughput.
 

@@ -215,7 +215,6 @@ def _run_mixed(llm: Any, prompts: list[list[int]], kinds: list[str], caching: bo
                                                            "token_hit_rate": hits / queries if queries else 0.0}
 
 
-
 def three_paths(client: Any, system: str, turns: list[str], max_tokens: int = 8,
                 variants: dict[str, list[str]] | None = None) -> Any:
     """The same kind of request down every path, through a gateway with Redis (lesson 03): **cold prefill** (each with

@@ -23,10 +23,8 @@ def gaps_between(tokens: pd.DataFrame, labels: list[str] | str, start_s: float, 
     return gaps
 
 
-
 #: Output tokens of the long prompt in the interference workloads: its TTFT is what they measure.
 LONG_PROMPT_OUTPUT_TOKENS = 4
-
 
 
 def interference_arrivals(tokenizer: Any, decoders: int, decoder_prompt: int, decoder_tokens: int, long_prompt: int,
@@ -38,13 +36,11 @@ def interference_arrivals(tokenizer: Any, decoders: int, decoder_prompt: int, de
                             long_at_s)]
 
 
-
 def short_behind_long_arrivals(tokenizer: Any, long_prompt: int, short_prompt: int, short_at_s: float) -> list[Arrival]:
     """A long prompt at t=0 and a short interactive request just after it."""
 
     return [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=7_000), LONG_PROMPT_OUTPUT_TOKENS, 0.0),
             Arrival("short prompt", prompt_of_length(tokenizer, short_prompt, offset=30_000), 8, short_at_s)]
-
 
 
 def interference_summary(tokens: pd.DataFrame, requests: pd.DataFrame) -> dict[str, float]:
@@ -61,7 +57,6 @@ def interference_summary(tokens: pd.DataFrame, requests: pd.DataFrame) -> dict[s
             "decoder_itl_before_p50_ms": float(pd.Series(before).median() * 1e3) if before else float("nan")}
 
 
-
 def token_timeline(tokens: pd.DataFrame, requests: pd.DataFrame, title: str) -> go.Figure:
     """Every token of every request over time; the long prompt's arrival and first token marked."""
     fig = go.Figure()
@@ -73,7 +68,6 @@ def token_timeline(tokens: pd.DataFrame, requests: pd.DataFrame, title: str) -> 
                       annotation_text="long prompt's prefill", annotation_position="top left")
     fig.update_layout(title=title, xaxis_title="time since start (s)", yaxis_title="tokens received", height=400)
     return fig
-
 
 
 def tradeoff(summary: pd.DataFrame) -> go.Figure:

@@ -11,7 +11,8 @@ events (``vllm/v1/core/block_pool.py``):
 - ``AllBlocksCleared``: the prefix cache was reset.
 
 A ``Subscriber`` binds nothing on the network: the publisher binds an ``ipc://`` socket in a private temporary folder
-(it binds ipc endpoints and connects tcp ones), the subscriber connects to it, and a background thread decodes the
+(vLLM's publisher binds ``ipc://``, ``inproc://`` and wildcard ``tcp://*:…`` endpoints and connects to any other
+``tcp://`` one: ``vllm/distributed/kv_events.py``, ``ZmqEventPublisher._is_bind_endpoint``), the subscriber connects to it, and a background thread decodes the
 messages. ``close()`` (or the ``with`` block) stops the thread, closes the socket and removes the folder.
 """
 

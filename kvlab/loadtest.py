@@ -300,9 +300,8 @@ def pool_row(name: str, requests: pd.DataFrame, objective: slo.SLO) -> dict[str,
             "all tokens/s": float((requests.prompt_tokens + requests.output_tokens).sum() / span)}
 
 
-
 def rate_sweep_figure(table: pd.DataFrame, objective: Any, knee_rps: float, sustainable: dict[str, Any],
-                   title: str = "Capacity under the SLO: throughput keeps rising after goodput collapses") -> go.Figure:
+                      title: str = "Capacity under the SLO: throughput keeps rising after goodput collapses") -> go.Figure:
     """The rate sweep on one figure: throughput and goodput (top, req/s), TTFT p50/p(SLO) and TPOT p(SLO) with the SLO
     lines (bottom, ms, log scale) against the arrival rate; the knee (goodput's peak) and the maximum sustainable
     rate marked. ``table`` is ``slo.rate_table``'s."""
@@ -332,7 +331,6 @@ def rate_sweep_figure(table: pd.DataFrame, objective: Any, knee_rps: float, sust
     return fig
 
 
-
 def in_flight(runs: dict[str, pd.DataFrame], step_s: float = 0.25) -> go.Figure:
     """Requests in the system (arrived, last token not yet out) over time, one line per run: flat for a closed loop,
     climbing for an open loop above capacity."""
@@ -345,7 +343,6 @@ def in_flight(runs: dict[str, pd.DataFrame], step_s: float = 0.25) -> go.Figure:
     fig.update_layout(title="Requests in the system over time: a closed loop caps the queue, an open loop does not",
                       xaxis_title="time since the run began (s)", yaxis_title="requests in flight")
     return fig
-
 
 
 def mitigations(table: pd.DataFrame, objective: Any) -> go.Figure:
@@ -361,7 +358,6 @@ def mitigations(table: pd.DataFrame, objective: Any) -> go.Figure:
     fig.update_yaxes(title_text="tokens/s", row=1, col=2)
     fig.update_layout(title="Chat next to batch jobs: each mitigation on the same traffic", showlegend=False, height=420)
     return fig
-
 
 
 def goodput_by_run(t: pd.DataFrame) -> go.Figure:

@@ -135,7 +135,6 @@ def as_table(values: dict[str, float], contains: str = "") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["series", "value"])
 
 
-
 def hit_rates(engine_before: dict[str, float], engine_after: dict[str, float], gateway_values: dict[str, float]) -> dict[str, float]:
     """The two hit rates of one run, side by side: the gateway's response cache (requests answered from Redis ÷
     lookups) and the engine's prefix cache (prompt tokens hit ÷ queried, from two scrapes of the server)."""
@@ -145,7 +144,6 @@ def hit_rates(engine_before: dict[str, float], engine_after: dict[str, float], g
     hit_tokens = engine_after.get("vllm:prefix_cache_hits_total", 0.0) - engine_before.get("vllm:prefix_cache_hits_total", 0.0)
     return {"response-cache hit rate (requests, gateway)": hits / (hits + misses) if hits + misses else float("nan"),
             "prefix-cache hit rate (tokens, engine)": hit_tokens / queried if queried else float("nan")}
-
 
 
 def board(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

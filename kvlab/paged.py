@@ -2,8 +2,12 @@
 
 vLLM keeps the KV cache in fixed-size blocks; a sequence holds ⌈tokens / block size⌉ of them; a full block whose
 tokens (and whole prefix) match another request's is shared; blocks of finished requests stay cached until their
-memory is needed, then the least recently used is evicted (``vllm/v1/core/block_pool.py``, ``free_block_queue``); a
-running sequence that cannot get its next block is preempted and later recomputed (``vllm/v1/core/sched/scheduler.py``).
+memory is needed, then the least recently used is evicted (``vllm/v1/core/block_pool.py``, ``free_block_queue``).
+When a running request cannot get its next block, the scheduler preempts **another** running request — under FCFS the
+last admitted, under priority scheduling the lowest-priority (latest among equals) — and the one that needed the block
+is itself preempted only when it is that victim (``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``). The
+victim's blocks are freed, but with prefix caching on its full blocks keep their hashes in the free queue, so when it
+is admitted again part of it can be a prefix-cache hit rather than a recompute (``PreemptedHits`` counts how much).
 """
 
 from __future__ import annotations
@@ -66,13 +70,71 @@ def run_sequential(llm: Any, requests: list[tuple[str, list[int]]], max_tokens: 
     return timed_requests(llm, [ids for _, ids in requests], [label for label, _ in requests], max_tokens)
 
 
+class PreemptedHits:
+    """What re-admitted (preempted) requests found in the prefix cache, from the scheduler's own per-step stats
+    (``vllm/v1/metrics/stats.py``, ``PrefixCacheStats.preempted_queries`` / ``preempted_hits``: tokens a re-admitted
+    request looked up, and those it found cached). vLLM's Prometheus counters count new requests only, so this listens
+    as one more of the in-process engine's stat loggers (``LLMEngine.logger_manager``)."""
+
+    def __init__(self) -> None:
+        self.readmissions = self.queried_tokens = self.hit_tokens = 0
+
+    @classmethod
+    def attach(cls, llm: Any) -> PreemptedHits:
+        """A new counter listening to ``llm``'s steps (needs ``disable_log_stats=False``, which ``make_engine`` sets)."""
+        counter = cls()
+        manager = llm.llm_engine.logger_manager
+        if manager is None:
+            raise KVLabError("This engine records no stats; start it with kvlab.make_engine (disable_log_stats=False).")
+        manager.stat_loggers.append(counter)
+        return counter
+
+    def detach(self, llm: Any) -> None:
+        """Stop listening."""
+        loggers = llm.llm_engine.logger_manager.stat_loggers
+        if self in loggers:
+            loggers.remove(self)
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Tokens re-admitted requests had to compute again (looked up and not found)."""
+        return self.queried_tokens - self.hit_tokens
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any = None, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        stats = getattr(scheduler_stats, "prefix_cache_stats", None)
+        if stats is not None:
+            self.readmissions += stats.preempted_requests
+            self.queried_tokens += stats.preempted_queries
+            self.hit_tokens += stats.preempted_hits
+
+    def record_sleep_state(self, *args: Any, **kwargs: Any) -> None:
+        """Not needed: part of vLLM's stat-logger interface."""
+
+    def record_admission_rejection(self, *args: Any, **kwargs: Any) -> None:
+        """Not needed: part of vLLM's stat-logger interface."""
+
+    def log(self) -> None:
+        """Not needed: part of vLLM's stat-logger interface."""
+
+    def log_engine_initialized(self) -> None:
+        """Not needed: part of vLLM's stat-logger interface."""
+
+
 def preemption_run(llm: Any, sequences: int, prompt_tokens: int, output_tokens: int, seed: int = 0) -> pd.DataFrame:
     """``sequences`` distinct requests submitted together, each growing to ``prompt_tokens + output_tokens``; one
-    timing row each with the engine's count of its preemptions."""
+    timing row each with the engine's count of its preemptions, and the run's re-admissions: how many, the tokens they
+    looked up in the prefix cache, and how many of those were hits (``PreemptedHits``; the same on every row)."""
 
     prompts = distinct_prompts(llm.get_tokenizer(), prompt_tokens, sequences, seed=seed)
     llm.reset_prefix_cache()
-    return timing_table(generate_batch(llm, prompts, output_tokens), sequences=sequences)
+    counter = PreemptedHits.attach(llm)
+    try:
+        outputs = generate_batch(llm, prompts, output_tokens)
+    finally:
+        counter.detach(llm)
+    return timing_table(outputs, sequences=sequences).assign(
+        run_readmissions=counter.readmissions, run_readmitted_tokens=counter.queried_tokens,
+        run_readmitted_hit_tokens=counter.hit_tokens)
 
 
 #: Blocks of the pool no request can use: vLLM keeps one as its "null block" (``vllm/v1/core/block_pool.py``:
@@ -254,7 +316,6 @@ def budget_table(results: pd.DataFrame, engine: pd.DataFrame, block_size: int, b
     return table
 
 
-
 def block_pool(life: pd.DataFrame, t0: float, end_ts: float,
                title: str = "The prefix cache's blocks over time (from the engine's KV events)") -> go.Figure:
     """One horizontal bar per cached block — from stored to removed (or to ``end_ts`` if still cached) — coloured by
@@ -268,7 +329,6 @@ def block_pool(life: pd.DataFrame, t0: float, end_ts: float,
     fig.update_layout(title=title, barmode="overlay", xaxis_title="time (s)", yaxis_title="cached block (in order stored)",
                       yaxis_autorange="reversed", legend_title="owner", height=420)
     return fig
-
 
 
 def hit_rate_by_budget(table: pd.DataFrame, survival_blocks: int | None = None,

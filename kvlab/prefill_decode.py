@@ -85,7 +85,6 @@ def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeat
     return df
 
 
-
 def crossover(medians: pd.DataFrame, output_tokens: int) -> float | None:
     """Prompt length where prefill time equals decode time for ``output_tokens`` tokens (interpolated), or None.
 
@@ -100,7 +99,6 @@ def crossover(medians: pd.DataFrame, output_tokens: int) -> float | None:
         if diff[i] < 0 < diff[i + 1]:
             return float(p[i] + (p[i + 1] - p[i]) * (-diff[i]) / (diff[i + 1] - diff[i]))
     return None
-
 
 
 def decode_by_width(factors: list[float], prompt_tokens: int = 128, output_tokens: int = 32, repeats: int = 3,
@@ -127,7 +125,6 @@ def decode_by_width(factors: list[float], prompt_tokens: int = 128, output_token
     return pd.concat(tables, ignore_index=True)
 
 
-
 def metric_vs_prompt(summary: pd.DataFrame, metric: str, bound: str | None, title: str, ylabel: str, log_y: bool = False) -> go.Figure:
     """Median of ``metric`` vs prompt length with a p50–p95 band, and its lower bound as a dashed line (ms)."""
     s = summary.sort_values("prompt_tokens")
@@ -143,7 +140,6 @@ def metric_vs_prompt(summary: pd.DataFrame, metric: str, bound: str | None, titl
     return fig
 
 
-
 def mark_compute_bound(fig: go.Figure, from_tokens: int, max_tokens: int) -> go.Figure:
     """Mark, on a plot against prompt length, the length from which prefill is compute-bound on this machine (a dotted
     vertical line, drawn as a trace so it sits right on log axes); the x axis is widened to show it."""
@@ -155,7 +151,6 @@ def mark_compute_bound(fig: go.Figure, from_tokens: int, max_tokens: int) -> go.
     xs = [x for trace in fig.data for x in (trace.x if trace.x is not None else []) if x]
     fig.update_xaxes(range=[math.log10(min([from_tokens, *xs]) / 1.5), math.log10(max(max_tokens, from_tokens) * 1.5)])
     return fig
-
 
 
 def phase_split(df: pd.DataFrame) -> go.Figure:
@@ -173,7 +168,6 @@ def phase_split(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
-
 def crossover_plot(medians: pd.DataFrame, outputs: list[int], crossings: dict[int, float | None]) -> go.Figure:
     """Prefill time vs prompt length against decode time for N output tokens; crossovers marked."""
     m = medians.sort_values("prompt_tokens")
@@ -189,7 +183,6 @@ def crossover_plot(medians: pd.DataFrame, outputs: list[int], crossings: dict[in
     return fig
 
 
-
 def itl_scatter(streams: pd.DataFrame) -> go.Figure:
     """Every inter-token gap of each streamed request, by token position (ms)."""
     fig = go.Figure()
@@ -199,7 +192,6 @@ def itl_scatter(streams: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Inter-token latency (ITL): every gap in the stream", xaxis_title="output token #",
                       yaxis_title="gap since previous token (ms)", height=380)
     return fig
-
 
 
 def decode_fit(widths: pd.DataFrame, fit: Any, bandwidth: float) -> go.Figure:

@@ -90,18 +90,56 @@ def _text(cfg: Any) -> Any:
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
+#: transformers' layer kinds (``layer_types``) by what a layer keeps per sequence: a K and V entry per token, only the
+#: last ``sliding_window`` tokens' entries, a fixed-size state (linear attention, Mamba), both (Falcon-H1's parallel
+#: attention + Mamba layers), or nothing (Nemotron-H's MLP and MoE layers).
+LAYER_KINDS = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding", "chunked_attention": "sliding",
+               "linear_attention": "state", "mamba": "state", "hybrid": "hybrid", "mlp": "none", "moe": "none"}
+
+
 def layer_kinds(cfg: Any) -> list[str]:
-    """Each layer's attention kind, "full" or "sliding": transformers' own ``layer_types`` where the config has them
-    (Gemma-2/3, gpt-oss, Qwen2…), else every layer slides when a window is set and in use (Mistral v0.1)."""
+    """Each layer's kind: "full", "sliding" (keeps its window), "state" (a fixed-size state per sequence: linear
+    attention, Mamba), "hybrid" (attention and a state) or "none" — transformers' own ``layer_types`` where the config
+    has them (Gemma-2/3, gpt-oss, Qwen2, Qwen3-Next, Jamba, Granite-4, Falcon-H1, Nemotron-H…), else every layer slides
+    when a window is set and in use (Mistral v0.1)."""
     tc = _text(hf_config(cfg))
     layers = int(getattr(tc, "num_hidden_layers", 0) or getattr(tc, "n_layer", 0) or 0)
     window = getattr(tc, "sliding_window", None)
     types = getattr(tc, "layer_types", None)
     if types:
-        return ["sliding" if t in ("sliding_attention", "chunked_attention") and window else "full" for t in types[:layers]]
+        kinds = [LAYER_KINDS.get(t, "full") for t in types[:layers]]
+        return [k if k != "sliding" or window else "full" for k in kinds]
     if window and getattr(tc, "use_sliding_window", True) is not False:
         return ["sliding"] * layers
     return ["full"] * layers
+
+
+def state_elements(cfg: Any) -> int:
+    """Elements one state layer keeps per sequence, whatever its length, as vLLM 0.32 allocates them
+    (``vllm/model_executor/layers/mamba/mamba_utils.py``, ``MambaStateShapeCalculator``): a convolution state of
+    ``conv kernel − 1`` positions plus a recurrent state — Gated DeltaNet (Qwen3-Next): ``v_heads × v_dim × k_dim``;
+    Mamba-2 (Granite-4, Falcon-H1, Nemotron-H): ``heads × head_dim × d_state``; Mamba-1 (Jamba):
+    ``intermediate × d_state``. 0 for a model without such layers."""
+    tc = _text(hf_config(cfg))
+
+    def get(*names: str) -> Any:
+        return next((getattr(tc, n) for n in names if getattr(tc, n, None) is not None), None)
+
+    if get("linear_num_value_heads"):  # Gated DeltaNet
+        nk, nv = tc.linear_num_key_heads, tc.linear_num_value_heads
+        dk, dv, kernel = tc.linear_key_head_dim, tc.linear_value_head_dim, tc.linear_conv_kernel_dim
+        return (kernel - 1) * (2 * nk * dk + nv * dv) + nv * dv * dk
+    heads = get("mamba_n_heads", "mamba_num_heads")
+    d_state, d_conv = get("mamba_d_state", "ssm_state_size"), get("mamba_d_conv", "conv_kernel")
+    if heads:  # Mamba-2
+        head_dim = get("mamba_d_head", "mamba_head_dim")
+        inner = get("mamba_d_ssm") or (heads * head_dim if get("mamba_num_heads") else int(tc.mamba_expand * tc.hidden_size))
+        groups = get("mamba_n_groups", "n_groups") or 1
+        return (d_conv - 1) * (inner + 2 * groups * d_state) + heads * head_dim * d_state
+    if d_state and get("mamba_expand"):  # Mamba-1
+        inner = int(tc.mamba_expand * tc.hidden_size)
+        return (d_conv - 1) * inner + inner * d_state
+    return 0
 
 
 @dataclass(frozen=True)
@@ -109,7 +147,10 @@ class KVArch:
     """The architecture facts that size a KV cache (and the weights), from a Hugging Face config.
 
     attention: "MHA" (kv_heads == query heads), "GQA" (fewer), "MQA" (one) or "MLA" (latent).
+    layers: the layers that keep K and V per token (all of them but in a hybrid model); total_layers: all of them.
     sliding_window / sliding_layers: how many layers keep only the last ``sliding_window`` tokens.
+    state_layers / state_elements: layers that keep a fixed-size state per sequence instead (linear attention, Mamba:
+    Qwen3-Next, Jamba, Granite-4, Falcon-H1, Nemotron-H), and the elements of one layer's state.
     mla_dim: elements cached per token and layer under MLA (kv_lora_rank + qk_rope_head_dim).
     params / active_params: all weights, and those one token uses (they differ for mixture-of-experts models).
     """
@@ -126,6 +167,9 @@ class KVArch:
     mla_dim: int | None = None
     params: int | None = None
     active_params: int | None = None
+    state_layers: int = 0
+    state_elements: int = 0
+    total_layers: int | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, name: str | None = None, params: int | None = None,
@@ -159,8 +203,11 @@ class KVArch:
         kinds = layer_kinds(tc)
         sliding = kinds.count("sliding")
         window = int(tc.sliding_window) if sliding else None
-        return cls(name, int(layers), int(heads), kv_heads, int(head_dim), attention, max_context, window, sliding,
-                   params=params, active_params=active_params)
+        kv_layers = sum(k in ("full", "sliding", "hybrid") for k in kinds)
+        state_layers = sum(k in ("state", "hybrid") for k in kinds)
+        return cls(name, kv_layers, int(heads), kv_heads, int(head_dim), attention, max_context, window, sliding,
+                   params=params, active_params=active_params, state_layers=state_layers,
+                   state_elements=state_elements(tc) if state_layers else 0, total_layers=int(layers))
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict, for tables."""
@@ -179,6 +226,14 @@ def bytes_per_token(arch: KVArch, dtype: str = "bf16", use_query_heads: bool = F
     return 2 * arch.layers * heads * arch.head_dim * per_elem
 
 
+def state_bytes(arch: KVArch, dtype: str = "bf16") -> float:
+    """Bytes of fixed-size state one sequence keeps in a hybrid model's linear-attention or Mamba layers, whatever its
+    length, all in ``dtype`` (vLLM's default ``mamba_cache_dtype``/``mamba_ssm_cache_dtype`` "auto": the model dtype;
+    on a CPU with AVX-512 BF16, vLLM 0.32 keeps the recurrent state of Mamba layers in float32,
+    ``vllm/platforms/cpu.py``)."""
+    return arch.state_layers * arch.state_elements * dtype_bytes(dtype)
+
+
 def blocks_needed(tokens: int, block_size: int) -> int:
     """Blocks an engine allocates for ``tokens`` tokens: whole blocks only, rounded up."""
     _positive("block_size", block_size)
@@ -195,10 +250,11 @@ def sequences_that_fit(num_blocks: int, block_size: int, tokens_per_sequence: in
 def kv_bytes(arch: KVArch, tokens: int, dtype: str = "bf16", sequences: int = 1, block_size: int | None = None,
              use_query_heads: bool = False) -> float:
     """KV bytes for ``sequences`` sequences of ``tokens`` tokens each — the ideal: a sliding layer holds only its
-    window (what vLLM actually reserves for one is ``vllm_reserved_tokens``); block rounding applied if given."""
+    window (what vLLM actually reserves for one is ``vllm_reserved_tokens``), a state layer its fixed-size state
+    (``state_bytes``); block rounding applied if given."""
     _positive("tokens", tokens)
     _positive("sequences", sequences)
-    per_layer_token = bytes_per_token(arch, dtype, use_query_heads) / arch.layers
+    per_layer_token = bytes_per_token(arch, dtype, use_query_heads) / arch.layers if arch.layers else 0.0
 
     def rounded(n: int) -> int:
         return blocks_needed(n, block_size) * block_size if block_size else n
@@ -207,7 +263,7 @@ def kv_bytes(arch: KVArch, tokens: int, dtype: str = "bf16", sequences: int = 1,
     held_full = rounded(tokens)
     held_window = rounded(min(tokens, arch.sliding_window)) if arch.sliding_layers else 0
     per_seq = per_layer_token * (full_layers * held_full + arch.sliding_layers * held_window)
-    return per_seq * sequences
+    return (per_seq + state_bytes(arch, dtype)) * sequences
 
 
 def sliding_window_blocks(window: int, max_model_len: int, block_size: int, max_num_batched_tokens: int,
@@ -237,33 +293,45 @@ class VLLMPlan:
     max_concurrency: float
     tokens: int
     ideal_blocks_per_request: int  # if a sliding layer held only its window (rounded to blocks, +1 for alignment)
+    groups_state: int = 0  # groups of linear-attention / Mamba layers (hybrid models)
+    block_size: int = 16  # tokens per block: the one asked for, raised for a hybrid model (see ``vllm_kv_plan``)
+    state_page_bytes: int = 0  # one state layer's state, before vLLM pads it to a whole page
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def vllm_kv_plan(arch: KVArch, budget_bytes: float, max_model_len: int, dtype: str = "bf16", block_size: int = 16,
-                 max_num_batched_tokens: int = 8192, concurrent_batches: int = 1) -> VLLMPlan:
+                 max_num_batched_tokens: int = 8192, concurrent_batches: int = 1, prefix_caching: bool = True) -> VLLMPlan:
     """The KV plan vLLM 0.32 makes for ``budget_bytes`` (vllm/v1/core/kv_cache_utils.py): layers of one kind are split
     into groups of equal size (the size of the smallest kind, or of the largest when that is < 1.5× the smallest;
     the last group padded), one block holds ``block_size`` tokens of every layer of a group, so
     ``num_blocks = budget ÷ (group size × per-layer page)``; a request at ``max_model_len`` takes ``cdiv(max_model_len,
     block_size)`` blocks per full-attention group and ``sliding_window_blocks`` per sliding group; max concurrency =
-    blocks ÷ blocks per request; capacity in tokens = concurrency × ``max_model_len``. Assumes every layer's page has
-    the same size (true for the architectures this course sizes)."""
+    blocks ÷ blocks per request; capacity in tokens = concurrency × ``max_model_len``.
+    Hybrid models (linear-attention or Mamba layers): every layer gets one page size. vLLM raises the attention block
+    size to the smallest multiple of ``block_size`` whose one-layer page holds one layer's state, and pads the state
+    to that page (``vllm/platforms/interface.py``, ``_align_hybrid_block_size``); a request then takes one page per
+    state group, two with prefix caching on (``mamba_cache_mode="align"``, ``MambaSpec.max_memory_usage_bytes``)."""
     _positive("budget_bytes", budget_bytes)
     _positive("max_model_len", max_model_len)
-    page = bytes_per_token(arch, dtype) / arch.layers * block_size  # one layer, one block
-    counts = [n for n in (arch.layers - arch.sliding_layers, arch.sliding_layers) if n]
+    per_layer_token = bytes_per_token(arch, dtype) / arch.layers if arch.layers else 0.0
+    state_page = int(arch.state_elements * dtype_bytes(dtype)) if arch.state_layers else 0
+    if state_page and per_layer_token:
+        block_size *= math.ceil(state_page / (block_size * per_layer_token))
+    page = per_layer_token * block_size or state_page  # one layer, one block (a state layer's page is padded to it)
+    full_layers = arch.layers - arch.sliding_layers
+    counts = [n for n in (full_layers, arch.sliding_layers, arch.state_layers) if n]
     group_size = min(counts)
     if max(counts) < 1.5 * min(counts):
         group_size = max(counts)
-    full_groups = math.ceil((arch.layers - arch.sliding_layers) / group_size) if arch.layers - arch.sliding_layers else 0
+    full_groups = math.ceil(full_layers / group_size) if full_layers else 0
     sliding_groups = math.ceil(arch.sliding_layers / group_size) if arch.sliding_layers else 0
+    state_groups = math.ceil(arch.state_layers / group_size) if arch.state_layers else 0
     num_blocks = int(budget_bytes // (group_size * page))
     full_blocks = math.ceil(max_model_len / block_size)
-    per_request = full_groups * full_blocks
-    ideal = full_groups * full_blocks
+    per_request = full_groups * full_blocks + state_groups * (2 if prefix_caching else 1)
+    ideal = full_groups * full_blocks + state_groups
     if sliding_groups:
         window_blocks = sliding_window_blocks(arch.sliding_window, max_model_len, block_size, max_num_batched_tokens,
                                               concurrent_batches)
@@ -271,7 +339,7 @@ def vllm_kv_plan(arch: KVArch, budget_bytes: float, max_model_len: int, dtype: s
         ideal += sliding_groups * (math.ceil(min(arch.sliding_window, max_model_len) / block_size) + 1)
     concurrency = num_blocks / per_request
     return VLLMPlan(full_groups, sliding_groups, group_size, num_blocks, per_request, concurrency,
-                    int(concurrency * max_model_len), ideal)
+                    int(concurrency * max_model_len), ideal, state_groups, block_size, state_page)
 
 
 def weight_bytes(params: int, dtype: str = "bf16") -> float:
@@ -425,8 +493,8 @@ class KVCapacityPlan:
 
 
 def plan_kv_capacity(arch: KVArch, memory_gib: float, context: int, utilization: float = VLLM_MEMORY_UTILIZATION,
-                  kv_dtype: str = "bf16", weight_dtype: str = "bf16", params: int | None = None, block_size: int = 16,
-                  target_sequences: int | None = None, overhead_gib: float | None = None, device: str = "gpu") -> KVCapacityPlan:
+                     kv_dtype: str = "bf16", weight_dtype: str = "bf16", params: int | None = None, block_size: int = 16,
+                     target_sequences: int | None = None, overhead_gib: float | None = None, device: str = "gpu") -> KVCapacityPlan:
     """Plan one card: KV budget = memory × utilization − weights − overhead; then sequences and context.
 
     ``utilization`` defaults to vLLM's own (0.92); ``overhead_gib`` (activations, CUDA graphs, non-torch memory)
@@ -496,8 +564,8 @@ def preset_table(dtype: str = "bf16", context: int = 8192) -> Any:
 
 
 def kv_capacity_grid(models: list[str], memories_gib: list[float], contexts: list[int],
-                  utilization: float = VLLM_MEMORY_UTILIZATION, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
-                  block_size: int = 16, target_sequences: int | None = None, overhead_gib: float | None = None) -> Any:
+                     utilization: float = VLLM_MEMORY_UTILIZATION, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
+                     block_size: int = 16, target_sequences: int | None = None, overhead_gib: float | None = None) -> Any:
     """Tidy table of capacity plans: one row per (model, card memory, context)."""
     import pandas as pd
 
@@ -511,7 +579,6 @@ def kv_capacity_grid(models: list[str], memories_gib: list[float], contexts: lis
                 beyond = bool(arch.max_context and ctx > arch.max_context)
                 rows.append(plan.as_dict() | {"model": model, "attention": arch.attention, "beyond_model_context": beyond})
     return pd.DataFrame(rows)
-
 
 
 def model_facts(model: str) -> dict[str, object]:
@@ -536,9 +603,8 @@ def model_facts(model: str) -> dict[str, object]:
     return facts
 
 
-
 def kv_capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype: str | None = None,
-                   kv_cache_dtype: str = "auto", keep: bool = False, **engine_args: Any) -> tuple[dict[str, Any], Any]:
+                      kv_cache_dtype: str = "auto", keep: bool = False, **engine_args: Any) -> tuple[dict[str, Any], Any]:
     """Start an engine with a fixed KV budget and compare its reported capacity with the hand formula.
 
     ``dtype`` defaults to the machine's (``hardware.model_dtype``: on a GPU the model's own, which vLLM turns into float16
@@ -562,7 +628,7 @@ def kv_capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype
     budget = kv_cache_gib * GiB
     step_tokens = int(vcfg.scheduler_config.max_num_batched_tokens)
     plan = vllm_kv_plan(arch, budget, cap.max_model_len, kv_dtype, cap.block_size, step_tokens,
-                               vcfg.max_concurrent_batches)
+                        vcfg.max_concurrent_batches)
     engine_blocks_per_request = cap.num_blocks / cap.max_concurrency
     row = {"model": arch.name, "attention": arch.attention, "kv_heads": arch.kv_heads, "model_dtype": model_dtype,
            "kv_dtype": kv_dtype,
@@ -580,7 +646,6 @@ def kv_capacity_check(model: str | None = None, kv_cache_gib: float = 1.0, dtype
         return row, llm
     close_engine(llm)
     return row, None
-
 
 
 def memory_split(model: str, weight_gib: float, kv_gib: float, usable_gib: float, sequences: int, context: int,
@@ -602,7 +667,6 @@ def memory_split(model: str, weight_gib: float, kv_gib: float, usable_gib: float
     return fig
 
 
-
 def bytes_per_token_bar(table: pd.DataFrame, dtype: str) -> go.Figure:
     """KV bytes per token for each model preset, coloured by attention type."""
     fig = go.Figure()
@@ -615,7 +679,6 @@ def bytes_per_token_bar(table: pd.DataFrame, dtype: str) -> go.Figure:
     return fig
 
 
-
 def kv_capacity_lines(results: pd.DataFrame) -> go.Figure:
     """Sequences that fit vs context length, one line per card memory (log-log)."""
     fig = go.Figure()
@@ -626,7 +689,6 @@ def kv_capacity_lines(results: pd.DataFrame) -> go.Figure:
                       xaxis_title="context length (tokens)", yaxis_title="sequences (log)", xaxis_type="log", yaxis_type="log",
                       legend_title="card memory", height=420)
     return fig
-
 
 
 def sequences_that_fit_figure(grid: pd.DataFrame) -> go.Figure:

@@ -5,10 +5,13 @@ Definitions, as vLLM 0.32's ``vllm bench serve --goodput ttft:X tpot:Y e2el:Z`` 
 
 - a request is **good** when every objective it is given holds *for that request*: TTFT ≤ X ms, TPOT ≤ Y ms,
   E2E latency ≤ Z ms (a request with a single output token has TPOT 0 there, and here);
-- **goodput** = good requests ÷ the run's duration (req/s); **throughput** = completed requests ÷ the same duration;
-- **attainment** = good ÷ completed (the share of users who got the service promised).
+- ``request_goodput`` = good requests ÷ the benchmark's duration (req/s), and ``request_throughput`` = completed
+  requests ÷ the same duration, over every request of the run (``vllm_goodput`` computes exactly these).
 
-A *rate meets the SLO* when the p95 of each named metric is within its threshold — the SLO as an SRE writes it
+The rest is the course's own, not vLLM's: **attainment** = good ÷ completed (the share of users who got the service
+promised); each load point drops its first 20 % of requests by arrival (they met an empty engine, ``steady_state``)
+and is timed from its first arrival to its last token (``rate_point``'s ``goodput_rps`` and ``throughput_rps``); and
+a *rate meets the SLO* when the p95 of each named metric is within its threshold — the SLO as an SRE writes it
 ("TTFT p95 ≤ 500 ms"). The **maximum sustainable rate** is found by scanning the measured rates upward: the last rate
 that meets the SLO before the first one that does not, interpolated between those two on the worst metric's
 p95 ÷ threshold (which crosses 1 between them). All times here are on the client's clock: TTFT counts from the
@@ -113,9 +116,18 @@ def rate_point(requests: pd.DataFrame, slo: SLO) -> dict[str, float]:
     return row
 
 
+def vllm_goodput(requests: pd.DataFrame, slo: SLO) -> dict[str, float]:
+    """vLLM ``bench serve``'s own two rates over every request of a run, warm-up included: good ÷ duration and
+    completed ÷ duration, the duration from the first request sent to the last token (``calculate_metrics``)."""
+    duration = float(requests.last_token_s.max() - requests.arrival_s.min())
+    return {"vllm_goodput_rps": int(good(requests, slo).sum()) / duration, "vllm_throughput_rps": len(requests) / duration}
+
+
 def rate_table(requests: pd.DataFrame, slo: SLO, by: str = "rate_rps", warmup_fraction: float = 0.2) -> pd.DataFrame:
-    """``rate_point`` for each load point (``by``), after dropping each point's warm-up requests; sorted by ``by``."""
-    rows = [{by: key} | rate_point(steady_state(part, warmup_fraction), slo) for key, part in requests.groupby(by)]
+    """``rate_point`` for each load point (``by``), after dropping each point's warm-up requests, beside vLLM bench's
+    goodput and throughput over all of the point's requests (``vllm_goodput``); sorted by ``by``."""
+    rows = [{by: key} | rate_point(steady_state(part, warmup_fraction), slo) | vllm_goodput(part, slo)
+            for key, part in requests.groupby(by)]
     return pd.DataFrame(rows).sort_values(by, ignore_index=True)
 
 

@@ -2,9 +2,13 @@
 whose output copies the input against open chat, and what verifying k + 1 tokens in one pass costs.
 
 vLLM 0.32 (``vllm/config/speculative.py``): ``speculative_config={"method": "ngram", "num_speculative_tokens": k,
-"prompt_lookup_min": a, "prompt_lookup_max": b}`` proposes the k tokens that followed the last a…b tokens where they
-last appeared in the prompt or output; the target model verifies them in one forward pass and keeps the longest
-agreeing run plus one token of its own. Counters (``vllm/v1/spec_decode/metrics.py``, ``SpecDecodingProm``):
+"prompt_lookup_min": a, "prompt_lookup_max": b}`` matches the **longest** suffix of the sequence (prompt and output so
+far) of a…b tokens that occurred earlier, takes the **earliest** earlier occurrence of it, and proposes the tokens
+that followed there — k of them, or fewer where the sequence ends sooner, and none when no suffix matches
+(``vllm/v1/spec_decode/ngram_proposer.py``, ``_find_longest_matched_ngram_and_propose_tokens``; ``ngram_proposal``
+here is the same rule in plain Python). The target model verifies them in one forward pass and keeps the longest
+agreeing run plus one token of its own. vLLM counts acceptance only over steps that had a draft
+(``Scheduler.make_spec_decoding_stats``): ``coverage`` says how many steps did. Counters (``vllm/v1/spec_decode/metrics.py``, ``SpecDecodingProm``):
 ``vllm:spec_decode_num_drafts``, ``…_num_draft_tokens``, ``…_num_accepted_tokens`` and
 ``…_num_accepted_tokens_per_pos``; acceptance rate = accepted ÷ draft tokens; mean acceptance length = 1 + accepted ÷
 drafts (the 1 is the token the target model adds itself).
@@ -83,6 +87,28 @@ def acceptance(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float
             "acceptance_by_position": [a / drafts for a in per_pos] if drafts else []}
 
 
+def coverage(drafts: int, decode_steps: int) -> float:
+    """Proposal coverage: the share of decode steps that had a draft to verify. vLLM's acceptance rate counts only
+    those steps (``Scheduler.make_spec_decoding_stats`` records nothing for a step without draft tokens), and the
+    n-gram proposer drafts nothing when no suffix of the sequence occurred before — so acceptance alone overstates
+    what speculation does for a request that rarely finds a match."""
+    return drafts / decode_steps if decode_steps else float("nan")
+
+
+def ngram_proposal(tokens: list[int], k: int, lookup_min: int = 2, lookup_max: int = 4) -> list[int]:
+    """vLLM's n-gram rule in plain Python: the longest suffix of ``tokens`` of ``lookup_min``…``lookup_max`` tokens that
+    occurred earlier, its **earliest** earlier occurrence, and the (at most) ``k`` tokens that followed it there; none
+    when no suffix matches (``vllm/v1/spec_decode/ngram_proposer.py``, ``_find_longest_matched_ngram_and_propose_tokens``,
+    which finds the same with a KMP scan; ``tests/test_speculative.py`` checks the two agree)."""
+    total = len(tokens)
+    for n in range(min(lookup_max, total - 1), lookup_min - 1, -1):
+        suffix = tokens[total - n:]
+        for start in range(total - n):
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
 def _paragraphs(count: int, seed: int) -> list[str]:
 
     paragraphs = [p for p in corpus_text().split("\n\n") if 400 <= len(p) <= 900 and not p.startswith("#")]
@@ -113,7 +139,7 @@ def task_messages(task: str, count: int, seed: int = 0) -> list[list[dict[str, s
 
 
 def time_tasks(llm: Any, tasks: list[str], requests: int, max_tokens: int, repeats: int = 1, seed: int = 0,
-              **settings: Any) -> pd.DataFrame:
+               **settings: Any) -> pd.DataFrame:
     """Each task's requests one at a time, streamed (chunk times and sizes), greedy, stopping at end of text; per task
     the engine's acceptance counters. One row per request and repeat, ``settings`` attached (e.g. ``k=4``)."""
     from tqdm.auto import tqdm
@@ -128,8 +154,10 @@ def time_tasks(llm: Any, tasks: list[str], requests: int, max_tokens: int, repea
             task_rows = [stream_timing(llm, ids, max_tokens, ignore_eos=False) | {"task": task, "request": i, "repeat": repeat}
                          for i, ids in enumerate(prompts)]
             acc = acceptance(before, counters(llm))
+            steps = sum(len(r["chunk_tokens"]) - 1 for r in task_rows)  # decode steps: every chunk after the first
             rows += [r | {"task_acceptance_rate": acc["acceptance_rate"], "task_mean_acceptance_length":
-                          acc["mean_acceptance_length"], **settings} for r in task_rows]
+                          acc["mean_acceptance_length"], "task_coverage": coverage(acc["drafts"], steps),
+                          **settings} for r in task_rows]
     return pd.DataFrame(rows)
 
 
@@ -170,7 +198,8 @@ def identity_check(dtype: str, k: int, tasks: list[str], requests: int, max_toke
 def verify_cost(llm: Any, max_new: int, repeats: int = 5, context_blocks: int = 2) -> pd.DataFrame:
     """What one forward pass over 1…``max_new`` new tokens costs after a cached context (what verifying k + 1 tokens
     costs): a prompt of ``context_blocks`` cached blocks plus n fresh tokens, one output token; the engine's prefill
-    time is that pass. Needs prefix caching on. One row per n and repeat."""
+    time is that pass. A **lower bound** of a real verify step, which computes logits at all n positions (prefill at
+    one) and also runs the rejection sampler and the proposer. Needs prefix caching on. One row per n and repeat."""
 
     tok, block = llm.get_tokenizer(), kv_capacity(llm).block_size
     context = prompt_of_length(tok, context_blocks * block, offset=31_000)
@@ -204,15 +233,19 @@ def batch_run(llm: Any, prompts: list[list[int]], batch_sizes: list[int], max_to
 
 
 def speedups(runs: pd.DataFrame, by: tuple[str, ...] = ("task",)) -> pd.DataFrame:
-    """Per group and k: TPOT p50/p95, E2E p50, acceptance, and the speed-up in TPOT p50 over k = 0 (> 1: faster)."""
+    """Per group and k: TPOT p50/p95, E2E p50, acceptance (and, from ``time_tasks``, coverage and acceptance ×
+    coverage), and the speed-up in TPOT p50 over k = 0 (> 1: faster)."""
 
     tpot = "client_tpot_s" if "client_tpot_s" in runs else "tpot_s"
     e2e = "client_e2e_s" if "client_e2e_s" in runs else "e2e_s"
     acc = "task_acceptance_rate" if "task_acceptance_rate" in runs else "acceptance_rate"
     keys = [*by, "k"]
+    extra = {"coverage": ("task_coverage", "median")} if "task_coverage" in runs else {}
     table = runs.groupby(keys).agg(requests=(tpot, "size"), tpot_p50_ms=(tpot, lambda s: s.median() * 1e3),
                                    tpot_p95_ms=(tpot, lambda s: p95(s) * 1e3), e2e_p50_s=(e2e, "median"),
-                                   acceptance_rate=(acc, "median")).reset_index()
+                                   acceptance_rate=(acc, "median"), **extra).reset_index()
+    if extra:
+        table["acceptance_x_coverage"] = table.acceptance_rate * table.coverage
     base = table[table.k == 0].set_index(list(by)).tpot_p50_ms
     table["speedup"] = [base.get(tuple(r[list(by)]) if len(by) > 1 else r[by[0]], float("nan")) / r.tpot_p50_ms
                         for _, r in table.iterrows()]

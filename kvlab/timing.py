@@ -197,7 +197,6 @@ def stream_timing(llm: Any, prompt_token_ids: list[int], max_tokens: int, ignore
     return row
 
 
-
 def repeat_chat(llm: Any, question: str, repeats: int, max_tokens: int, warmup: int = 1, cold: bool = True) -> tuple[pd.DataFrame, list[Any]]:
     """Ask one chat question ``repeats`` times after ``warmup`` untimed runs; exactly ``max_tokens`` out each.
 
@@ -217,7 +216,6 @@ def repeat_chat(llm: Any, question: str, repeats: int, max_tokens: int, warmup: 
     return timing_table(outputs, max_tokens=max_tokens, cold=cold), outputs
 
 
-
 def generate_batch(llm: Any, prompts: list[list[int]], max_tokens: int, **sampling: Any) -> list[Any]:
     """Requests from token ids submitted together, exactly ``max_tokens`` out each, greedy unless ``sampling`` says
     otherwise (any ``SamplingParams`` field); returns vLLM's RequestOutputs, in order (``timing.timing_table`` reads them)."""
@@ -228,14 +226,12 @@ def generate_batch(llm: Any, prompts: list[list[int]], max_tokens: int, **sampli
     return llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompts], params, use_tqdm=False)
 
 
-
 def generate_timed(llm: Any, prompt_ids: list[int], max_tokens: int, **sampling: Any) -> Any:
     """One request from token ids with exactly ``max_tokens`` output tokens (greedy unless ``sampling`` says
     otherwise); returns vLLM's RequestOutput."""
     return generate_batch(llm, [prompt_ids], max_tokens, **sampling)[0]
 
 PHASE_COLORS = {"queue": "#9e9e9e", "prefill": "#e4572e", "decode": "#4c8bf5"}
-
 
 
 def request_timeline(row: pd.Series | dict, title: str = "One request's timeline") -> go.Figure:
@@ -255,7 +251,6 @@ def request_timeline(row: pd.Series | dict, title: str = "One request's timeline
     fig.update_layout(title=title, barmode="overlay", height=260, xaxis_title="time since queued (ms)",
                       yaxis_visible=False, legend_title="phase", margin={"t": 80})
     return fig
-
 
 
 def ttft_bars_by_run(t: pd.DataFrame, by: str, agg: Any, title: str, ylabel: str) -> go.Figure:

@@ -257,7 +257,6 @@ def agent_storm(server: Server, session: Session, max_tokens: int, reuse: bool =
     return pd.DataFrame(rows)
 
 
-
 def faq_traffic(client: Any, sessions: list[Any], repeats: int, max_tokens: int = 16, seed: int = 0) -> Any:
     """Each session's messages asked ``repeats`` times, in a shuffled order (an FAQ: the same questions come back),
     one at a time; one row per request with who answered it and the gateway's own time."""
@@ -269,7 +268,6 @@ def faq_traffic(client: Any, sessions: list[Any], repeats: int, max_tokens: int 
     order = [s for s in sessions for _ in range(repeats)]
     random.Random(seed).shuffle(order)
     return pd.DataFrame([stream_chat(client, s.messages, max_tokens, label=s.kind) for s in order])
-
 
 
 def bad_dashboard(runs: dict[str, pd.DataFrame], window_s: float = 2.0) -> go.Figure:

@@ -38,7 +38,6 @@ def prepare_variant(label: str, base: str | None = None, **overrides: object) ->
     return save_random_model(target, make_config, base_path, {"base": base_path, "overrides": overrides})
 
 
-
 def prepare_kv_variant(kv_heads: int, base: str | None = None) -> Path:
     """The chosen (or ``base``) model with ``kv_heads`` KV heads — its query-head count for MHA, 1 for MQA."""
     cfg = load_config(base)
@@ -49,7 +48,6 @@ def prepare_kv_variant(kv_heads: int, base: str | None = None) -> Path:
         raise KVLabError(f"{(cfg.architectures or [cfg.model_type])[0]} has no setting for fewer KV heads (one K and V "
                          "head per query head in every layer), so a copy with other KV heads cannot be built from it.")
     return prepare_variant(f"kv{kv_heads}", base, num_key_value_heads=kv_heads)
-
 
 
 def prepare_sliding_variant(window: int, base: str | None = None) -> Path:
@@ -63,16 +61,13 @@ def prepare_sliding_variant(window: int, base: str | None = None) -> Path:
                            layer_types=["sliding_attention"] * layers)
 
 
-
 #: Config fields that set the MLP's width, by family: Llama/Qwen/Mistral/Gemma, OPT, GPT-2/GPT-J (None there means
 #: 4 × hidden, which follows the hidden size by itself), Falcon.
 MLP_WIDTH_FIELDS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
 
 
-
 #: Fields that must stay equal to the hidden size when it changes (OPT projects embeddings of another width in and out).
 HIDDEN_TWIN_FIELDS = ("word_embed_proj_dim",)
-
 
 
 def width_overrides(factor: float, base: str | None = None) -> dict[str, int]:
@@ -97,7 +92,6 @@ def width_overrides(factor: float, base: str | None = None) -> dict[str, int]:
     return fields | mlp | twins
 
 
-
 def kv_heads_configurable(base: str | None = None) -> bool:
     """Whether the chosen (or ``base``) model's architecture reads ``num_key_value_heads``: its K and V projections
     shrink when the field is 1 (counted on the meta device, ``sizing.parameter_counts``). MHA-only designs (OPT,
@@ -109,7 +103,6 @@ def kv_heads_configurable(base: str | None = None) -> bool:
         (variant.get("text_config") or variant)["num_key_value_heads"] = kv_heads
         counts.append(parameter_counts(variant).total)
     return counts[0] != counts[1]
-
 
 
 def prepare_width_variant(factor: float, base: str | None = None) -> Path:

@@ -39,15 +39,28 @@ env = kvlab.print_env()
 # The seed example: a Llama-3.1-8B-like model — 32 layers, **8 KV heads**, head_dim 128 — in FP16, holding 16
 # sequences of 8,192 tokens each.
 
+# %% [markdown]
+# First on paper — plain Python arithmetic on the numbers above:
+
+# %%
+per_token = 2 * 32 * 8 * 128 * 2  # K and V × layers × KV heads × head_dim × 2 bytes (FP16)
+per_seq = per_token * 8192  # × tokens
+total = per_seq * 16  # × sequences
+print(f"{per_token:,} B per token = {per_token / 1024:.0f} KiB; {per_seq / 2**30:.2f} GiB per sequence; {total / 2**30:.1f} GiB for 16")
+
+# %% [markdown]
+# Then the same with `kvlab.sizing`, which does it for any config (MLA, sliding windows, hybrid layers below) — and
+# must agree with the hand figure here:
+
 # %%
 import pandas as pd
 
 from kvlab import sizing
 
 seed = sizing.KVArch(name="seed example", layers=32, query_heads=32, kv_heads=8, head_dim=128, attention="GQA")
-per_token = sizing.bytes_per_token(seed, "fp16")
-per_seq = sizing.kv_bytes(seed, 8192, "fp16")
-total = sizing.kv_bytes(seed, 8192, "fp16", sequences=16)
+assert sizing.bytes_per_token(seed, "fp16") == per_token
+assert sizing.kv_bytes(seed, 8192, "fp16") == per_seq
+assert sizing.kv_bytes(seed, 8192, "fp16", sequences=16) == total
 pd.DataFrame({"step": ["2 × 32 layers × 8 KV heads × 128 × 2 B", "× 8,192 tokens", "× 16 sequences"],
               "bytes": [per_token, per_seq, total],
               "readable": [f"{per_token / 1024:.0f} KiB per token", f"{per_seq / 2**30:.2f} GiB per sequence", f"{total / 2**30:.1f} GiB in total"]})
@@ -81,11 +94,11 @@ print(f"with query heads: {wrong / 2**30:5.1f} GiB  ({wrong / total:.0f}× too m
 # defaults of transformers' `Gemma3TextConfig`. `kvlab.sizing` reads configs the way transformers does, so those
 # defaults are filled, and each layer's kind comes from the layer list transformers computes.
 #
-# Other ways to shrink the cache exist that no preset here uses (named for orientation, not checked on an engine):
-# **cross-layer KV sharing** (upper layers reuse a lower layer's K and V: YOCO, Gemma 3n), **hybrid state-space or
-# linear-attention layers** that keep a fixed-size state instead of one entry per token (Jamba, Qwen3-Next), **sparse
-# attention** that reads only selected tokens' KV at each step (DeepSeek-V3.2's DSA — less bandwidth, though the cache
-# still holds every token), and **KV quantization below 8 bits** (KIVI's 2-bit keys and values, LMDeploy's int4 KV).
+# Other ways to shrink the cache: **hybrid models** are sized by `kvlab.sizing` (next section); the rest are named for
+# orientation only, neither sized here nor checked on an engine: **cross-layer KV sharing** (upper layers reuse a
+# lower layer's K and V: YOCO, Gemma 3n), **sparse attention** that reads only selected tokens' KV at each step
+# (DeepSeek-V3.2's DSA — less bandwidth, though the cache still holds every token), and **KV quantization below 8
+# bits** (KIVI's 2-bit keys and values, LMDeploy's int4 KV). fp8 KV (section 6) halves the cache and is checked here.
 
 # %%
 table = sizing.preset_table("bf16")
@@ -93,6 +106,42 @@ table.round(3)
 
 # %%
 kvlab.sizing.bytes_per_token_bar(table, "bf16").show()
+
+# %% [markdown]
+# ### Hybrid models: attention on a few layers, a fixed-size state on the others
+#
+# Qwen3-Next-80B-A3B has 48 layers, but only one in four is attention (2 KV heads of 256); the other 36 are **linear
+# attention** (Gated DeltaNet) layers that keep a **state of fixed size per sequence**, however long it grows —
+# Jamba, Granite-4, Falcon-H1 and Nemotron-H do the same with Mamba layers. The per-token KV counts the attention
+# layers only; the state is added once per sequence. By hand, for bf16 (its config's numbers are transformers'
+# `Qwen3NextConfig` defaults):
+
+# %%
+attn_per_token = 12 * 2 * 2 * 256 * 2  # 12 attention layers × K,V × 2 KV heads × 256 × 2 B
+conv = (4 - 1) * (2 * 16 * 128 + 32 * 128)  # conv kernel − 1 positions × (q, k: 16 heads × 128; v: 32 heads × 128)
+recurrent = 32 * 128 * 128  # per value head, a 128 × 128 matrix
+state_per_seq = 36 * (conv + recurrent) * 2  # 36 linear-attention layers, 2 B each
+next_arch = sizing.KVArch.from_config({"model_type": "qwen3_next"})
+assert sizing.bytes_per_token(next_arch, "bf16") == attn_per_token and sizing.state_bytes(next_arch, "bf16") == state_per_seq
+naive = 48 * 2 * 2 * 256 * 2  # every layer counted as attention
+print(f"KV per token: {attn_per_token:,} B (counting all 48 layers would say {naive:,}: {naive // attn_per_token}× too much); "
+      f"state per sequence: {state_per_seq / 2**20:.1f} MiB = the KV of {state_per_seq / attn_per_token:,.0f} tokens")
+
+# %% [markdown]
+# What vLLM 0.32 reserves differs again: it gives **every layer one page size**. It raises the attention block size
+# until one layer's page holds one layer's state (`vllm/platforms/interface.py`, `_align_hybrid_block_size`), pads the
+# state to that page, and a request holds two state pages per group of state layers while prefix caching is on
+# (`mamba_cache_mode="align"`: `vllm/v1/kv_cache_interface.py`, `MambaSpec.max_memory_usage_bytes`). With 16-token
+# kernel blocks:
+
+# %%
+state_page = (conv + recurrent) * 2
+block = 16 * -(-state_page // (16 * 2 * 2 * 256 * 2))  # the smallest multiple of 16 tokens whose page holds a state
+plan = sizing.vllm_kv_plan(next_arch, 8 * 2**30, 8192, "bf16", block_size=16)
+assert plan.block_size == block
+print(f"attention blocks of {block} tokens (not 16); {plan.groups_full} attention group and {plan.groups_state} state groups "
+      f"of {plan.group_size} layers; a request of 8,192 tokens takes {plan.blocks_per_request} blocks, "
+      f"{plan.ideal_blocks_per_request} if each state took one page")
 
 # %% [markdown]
 # ### How many sequences fit on one card?
@@ -172,6 +221,21 @@ checks["formula_ratio"] = chosen.kv_heads / checks.kv_heads
 checks["engine_ratio"] = checks.engine_tokens / checks.engine_tokens[0]
 checks[["layout", "kv_heads", "hand_bytes_per_token", "engine_bytes_per_token", "hand_tokens", "engine_tokens", "difference_blocks",
         "formula_ratio", "engine_ratio"]]
+
+# %% [markdown]
+# The engine's block count by hand, for the chosen model: 1 GiB ÷ (tokens per block × bytes per token), in the dtype
+# its KV cache runs in here.
+
+# %%
+first = checks.iloc[0]
+if chosen.sliding_layers or chosen.state_layers or chosen.attention == "MLA":
+    print("Skipped: this model's layers are not all full attention, so vLLM groups them (section 5) and one division does not give its blocks.")
+else:
+    hand_per_token = 2 * chosen.layers * chosen.kv_heads * chosen.head_dim * int(sizing.dtype_bytes(first.kv_dtype))
+    hand_blocks = 2**30 // (first.block_size * hand_per_token)
+    print(f"2 × {chosen.layers} × {chosen.kv_heads} × {chosen.head_dim} × {int(sizing.dtype_bytes(first.kv_dtype))} B = {hand_per_token:,} B per token; "
+          f"2**30 ÷ ({first.block_size} × {hand_per_token:,}) = {hand_blocks:,} blocks; the engine: {first.engine_blocks:,}")
+    assert hand_per_token == first.engine_bytes_per_token and abs(hand_blocks - first.engine_blocks) <= 1
 
 # %%
 assert (checks.hand_bytes_per_token == checks.engine_bytes_per_token).all()

@@ -103,6 +103,31 @@ print(f"Llama-3.1-8B, {short}-token prompt on the {gpu.device}: {llama8b.prefill
       f"here prompts shorter than {from_tokens:,} tokens are bound by the weight read, longer ones by arithmetic.")
 
 # %% [markdown]
+# ### One prompt's bounds, by hand
+#
+# Before the sweep computes them for every point, here are the two bounds for one 1,024-token prompt on this
+# machine, written out: prefill's FLOPs (2 per weight per token, the attention's causal triangle, the LM head once)
+# over the peak, its bytes (the weights once, the prompt's KV written) over the bandwidth, and the larger of the two;
+# one decode step at 1,040 tokens of context reads the weights and that context's KV.
+
+# %%
+import math
+
+n = 1024
+weight_bytes = (cost.linear_params + cost.lm_head_params) * cost.bytes_per_param
+flops = 2 * cost.linear_params * n + 2 * cost.lm_head_params + 2 * 2 * cost.attn_width * cost.layers * n * (n + 1) / 2
+compute_s, memory_s = flops / limits.matmul_flops, (weight_bytes + cost.kv_bytes_per_token * n) / limits.bandwidth
+tpot_by_hand = (weight_bytes + cost.kv_bytes_per_token * (n + 16)) / limits.bandwidth
+print(f"TTFT ≥ max({flops / 1e9:.0f} GFLOP ÷ {limits.matmul_flops / 1e9:.0f} GFLOP/s = {compute_s * 1e3:.1f} ms, "
+      f"{(weight_bytes + cost.kv_bytes_per_token * n) / 1e6:.0f} MB ÷ {limits.bandwidth / 1e9:.1f} GB/s = {memory_s * 1e3:.1f} ms) "
+      f"= {max(compute_s, memory_s) * 1e3:.1f} ms; TPOT ≥ {tpot_by_hand * 1e3:.2f} ms")
+if cost.expert_params:
+    print("A mixture-of-experts model reads only the experts its tokens use: the library's bounds count them; the hand figures above do not.")
+else:
+    assert math.isclose(max(compute_s, memory_s), cost.ttft_bound_s(n, limits), rel_tol=1e-9)
+    assert math.isclose(tpot_by_hand, cost.decode_step_bytes(n + 16) / limits.bandwidth, rel_tol=1e-9)
+
+# %% [markdown]
 # ## 3. The sweep: TTFT and TPOT vs prompt length
 #
 # One request at a time, warm-up first, each prompt cut from a different place in real text (`data/text/`), exact

@@ -106,6 +106,26 @@ assert (by_len.cached_warm.loc[lengths] == lengths).all()
 assert (by_len.cached_warm.loc[[n - 1 for n in lengths]].values == [n - block for n in lengths]).all()
 
 # %% [markdown]
+# ### A request never reuses its whole prompt
+#
+# One more rule, and it is vLLM's, not the cache's: **the last prompt token is always computed**, because its logits
+# give the first output token (`vllm/v1/core/kv_cache_manager.py`: `max_cache_hit_length = request.num_tokens - 1`).
+# With whole blocks, a prompt of exactly N blocks sent twice therefore hits N − 1 of them, not N: the last block
+# contains the last token.
+
+# %%
+from kvlab import prompts
+
+n_blocks = max(2, min(4, context // block - 1))
+whole = prompts.prompt_of_length(tok, n_blocks * block, offset=7_000)
+llm.reset_prefix_cache()
+timing.generate_timed(llm, whole, 1)  # caches its full blocks
+again = timing.generate_timed(llm, whole, 1)
+print(f"a prompt of exactly {n_blocks} blocks ({n_blocks * block} tokens), sent again: {again.num_cached_tokens} tokens from "
+      f"the cache = {again.num_cached_tokens // block} blocks; the last block is computed again")
+assert again.num_cached_tokens == (n_blocks - 1) * block
+
+# %% [markdown]
 # ## 4. Token identity: what breaks a hit
 #
 # The cache key is the token sequence, not its meaning. We cache the original prefix once, then send variants of it
@@ -162,7 +182,7 @@ px.box(mixed, x="caching", y=mixed.ttft_s * 1e3, color="label", points="all",
 # ## 7. A response cache is a different thing: Redis behind a gateway
 #
 # A deployed stack puts a **gateway** between the client and the engine (`kvlab/runtime/gateway.py`: the same OpenAI chat API,
-# forwarding to lesson 06's vLLM server). It answers an *exact repeat* of a deterministic request (temperature 0) from
+# forwarding to lesson 06's vLLM server). It answers an *exact repeat* of a greedy request (temperature 0, one choice) from
 # **Redis** — a real `redis-server` on 127.0.0.1, no persistence — and that hit skips the model entirely. Everything
 # else goes to the engine, whose prefix cache may still skip part of prefill. Two caches, two hit rates, two metrics.
 #

@@ -72,15 +72,33 @@ assert b.ttft_s_p50[last] > b.ttft_s_p50[first]
 #
 # One decode step of B sequences must read the weights once, but each sequence's KV cache of its whole context:
 # `bytes = weights + B × KV bytes per token × context` (`roofline.ModelCost.batch_decode_step_bytes`). At a short
-# context the weights dominate and B sequences cost little more than one; at a long context the KV term grows with B,
-# and the gain from batching levels off. The same batch sizes again, now with 1,024-token prompts:
+# context the weights dominate the bytes and B sequences cost little more than one; at a long context the KV term
+# grows with B, and the gain from batching levels off.
+#
+# Bytes are not the whole step, though. First, how much of a batch-1 step here is the weight read at all — measured
+# against this machine's bandwidth (in a fresh process, as lesson 02 does) — and what the same arithmetic says for an
+# 8B model on a GPU:
+
+# %%
+from kvlab import sizing
+
+cost = roofline.engine_cost(llm)
+bandwidth = roofline.measure_limits(quick=kvlab.quick(), matmul=False).bandwidth
+weight_ms, step_ms = cost.weights_read(1) / bandwidth * 1e3, b.tpot_s_p50[first] * 1e3
+gpu, llama8b = roofline.H100_SXM_BF16, roofline.ModelCost.from_config(sizing.load_preset("Llama-3.1-8B")["config"], 2, 2 * 32 * 8 * 128 * 2)
+gpu_ms = llama8b.weights_read(1) / gpu.bandwidth * 1e3
+print(f"Here: a batch-{first} decode step took {step_ms:.1f} ms (median); reading the weights once takes {weight_ms:.1f} ms at "
+      f"{bandwidth / 1e9:.0f} GB/s — {weight_ms / step_ms:.0%} of the step. The other {step_ms - weight_ms:.1f} ms is paid by every "
+      f"step whatever its size (scheduling, kernel launches, sampling), so on this machine batching's gain comes mostly from "
+      f"sharing that fixed cost, and only partly from sharing the weight read.")
+print(f"On an {gpu.device} (datasheet bandwidth, no overhead: a lower bound), Llama-3.1-8B's weights take {gpu_ms:.1f} ms to "
+      f"read per step: there the weight read is the step, and it is what a batch shares.")
 
 # %%
 long_prompt = 1024
 long_sizes = [1, 8]
 long_batches = batching.batch_sweep(llm, long_sizes, long_prompt, output_tokens, repeats=kvlab.pick(2, 1))
 long_summary = batching.batch_summary(long_batches)
-cost = roofline.engine_cost(llm)
 rows = []
 for context, table in ((prompt_tokens, summary), (long_prompt, long_summary)):
     base = table.set_index("batch_size").decode_tok_s[1]
@@ -136,7 +154,9 @@ px.line(arrivals, x="mean requests in flight", y=["output throughput (tok/s)", "
 # ## 3. When the KV cache caps the batch
 #
 # Every running sequence holds KV blocks (lesson 01). With a small KV budget only a few sequences fit; the scheduler keeps
-# the rest waiting, and if running sequences grow past the budget it **preempts** one (frees its blocks, recomputes later).
+# the rest waiting, and if running sequences grow past the budget it **preempts** one — another running request, the
+# last admitted — freeing its blocks; admitted again later, it finds part of its prompt in the prefix cache and
+# recomputes the rest (lesson 08 counts both).
 # We give a second engine a budget of a few blocks and predict, from lesson 01's arithmetic, how many sequences fit.
 
 # %%
@@ -172,6 +192,9 @@ Markdown(f"""
 - From batch {first} to batch {last}, decode throughput rose **{gain:.1f}×** ({b.decode_tok_s[first]:.0f} → {b.decode_tok_s[last]:.0f} tok/s)
   while median TPOT went {b.tpot_s_p50[first] * 1e3:.0f} → {b.tpot_s_p50[last] * 1e3:.0f} ms and median TTFT
   {b.ttft_s_p50[first] * 1e3:.0f} → {b.ttft_s_p50[last] * 1e3:.0f} ms: the batch helps the machine, each user waits longer.
+- A batch-{first} step took {step_ms:.1f} ms here, of which reading the weights is {weight_ms:.1f} ms ({weight_ms / step_ms:.0%}):
+  most of what a batch shares on this machine is a fixed per-step cost; for an 8B model on an {gpu.device} the weight
+  read alone is {gpu_ms:.1f} ms per step.
 - Batching shares the weight read, not the KV reads: at batch {top}, decode throughput grew **×{g[prompt_tokens, top]:.1f}** with
   {prompt_tokens}-token prompts but only **×{g[long_prompt, top]:.1f}** with {long_prompt:,}-token prompts, where each sequence's own KV
   made up {gains.set_index(["prompt tokens", "batch size"])["KV share of the step's bytes"][long_prompt, top]:.0%} of the step's bytes (bandwidth model:

@@ -12,8 +12,9 @@
 # Lesson 01 sized the KV cache and lesson 03 timed what reusing it saves. This lesson watches the cache itself.
 # vLLM's *PagedAttention* keeps keys and values in fixed-size **blocks**: a sequence holds ⌈tokens ÷ block size⌉ of
 # them through a block table; a full block whose whole prefix matches another request's is **shared**; blocks of
-# finished requests stay **cached** until their memory is needed, then the **least recently used** is evicted; and a
-# running sequence that cannot get its next block is **preempted** and later recomputed.
+# finished requests stay **cached** until their memory is needed, then the **least recently used** is evicted; and
+# when a running sequence cannot get its next block, **another** running sequence is **preempted** (the last admitted,
+# under first-come-first-served) and admitted again later — partly from the prefix cache, partly recomputed.
 #
 # The engine reports every change to its cached blocks as **KV cache events** (`BlockStored`, `BlockRemoved`,
 # `AllBlocksCleared`; `vllm/distributed/kv_events.py`), published on a ZMQ socket. `kvlab.kvevents.Subscriber`
@@ -47,7 +48,8 @@ print(cap)
 #
 # A prompt of 3 blocks and part of a fourth (17 tokens with 128-token blocks). Only **full** blocks are cached (their
 # hash covers their tokens and their whole prefix): the engine stores ⌊tokens ÷ block size⌋ = 3 of them, and the
-# partial block never is.
+# partial block is not cached — in an attention-only model like this one (vLLM 0.32 does cache partial blocks of
+# hybrid Mamba models: `BlockPool.cache_partial_block`, used by `HybridKVCacheCoordinator`).
 # This is lesson 03's block granularity, seen from inside.
 
 # %%
@@ -206,10 +208,14 @@ assert by_budget.prefix_hits.loc[need] == by_budget.shared_requests.loc[need] - 
 #
 # Twelve sequences submitted together into a 13-block pool (12 usable: one is the null block), each with a prompt of
 # 2 blocks minus 8 tokens that grows past its second block while decoding. The scheduler admits as many as have
-# blocks for their prompts; when a running one needs its next block and none is free, it **preempts** the most
-# recently admitted one, which is later recomputed from its tokens (vLLM V1: `vllm/v1/core/sched/scheduler.py`,
-# `_preempt_request`). Then the same work with `max_num_seqs` set to the number that fits — lesson 01's arithmetic:
-# usable blocks ÷ blocks per sequence.
+# blocks for their prompts; when a running one needs its next block and none is free, the scheduler preempts
+# **another** running request — the most recently admitted (under priority scheduling: the lowest-priority, latest) —
+# unless the one asking is itself that request (`vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`). The victim's
+# blocks go back to the free queue, but its full blocks keep their hashes there (prefix caching is on), so when it is
+# admitted again some of its tokens are prefix-cache hits and only the rest is recomputed: the scheduler's own stats
+# count both (`PrefixCacheStats.preempted_queries`, `preempted_hits`; vLLM's Prometheus counters leave them out, so
+# `paged.PreemptedHits` listens to the engine's steps). Then the same work with `max_num_seqs` set to the number that
+# fits — lesson 01's arithmetic: usable blocks ÷ blocks per sequence.
 
 # %%
 seq_blocks, pre_pool, n_seqs = 3, 13, 12
@@ -233,6 +239,10 @@ if (default.preemptions > 0).any():  # a preempted request's stream stalls while
     print(f"preempted requests: TPOT median {hit.tpot_s.median() * 1e3:.0f} ms vs {spared.tpot_s.median() * 1e3:.0f} ms for the "
           f"others; all {n_seqs} done after {default.e2e_s.max():.2f} s vs {capped.e2e_s.max():.2f} s with max_num_seqs = {fits}")
 assert default.preemptions.sum() > 0 and capped.preemptions.sum() == 0
+again = default.iloc[0]
+print(f"re-admissions: {again.run_readmissions}; they looked up {again.run_readmitted_tokens:,} tokens: "
+      f"{again.run_readmitted_hit_tokens:,} were prefix-cache hits, {again.run_readmitted_tokens - again.run_readmitted_hit_tokens:,} recomputed")
+assert again.run_readmissions >= 1 and 0 <= again.run_readmitted_hit_tokens <= again.run_readmitted_tokens
 
 # %%
 sub.close()

@@ -130,7 +130,7 @@ def _markers_say_what_a_test_starts(request, monkeypatch):
         return
     if "engine" in request.fixturenames:
         pytest.fail("this test uses the session's engine: mark it @pytest.mark.engine")
-    from kvlab.runtime import engine, kernels, serving, services
+    from kvlab.runtime import engine, kernels, services, serving
 
     def refuse(what: str, mark: str):
         def refused(*args, **kwargs):

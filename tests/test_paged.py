@@ -136,3 +136,16 @@ def test_lab_l08_traffic_longer_than_the_context_fails_before_any_engine_starts(
         kernels.execute(str(labs.lab_path("L08_kv_budget")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
                         parameters={"shared_prefix_tokens": 100_000, "output_dir": str(tmp_path / "out")})
     assert not (tmp_path / "out").exists()
+
+
+def test_preempted_hits_add_up_the_scheduler_s_stats_for_readmitted_requests():
+    from types import SimpleNamespace
+
+    from kvlab import paged
+
+    counter = paged.PreemptedHits()
+    step = SimpleNamespace(prefix_cache_stats=SimpleNamespace(preempted_requests=1, preempted_queries=300, preempted_hits=256))
+    counter.record(step, None)
+    counter.record(SimpleNamespace(prefix_cache_stats=None), None)  # a step with no cache stats
+    counter.record(step, None)
+    assert (counter.readmissions, counter.queried_tokens, counter.hit_tokens, counter.recomputed_tokens) == (2, 600, 512, 88)

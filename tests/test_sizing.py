@@ -195,3 +195,48 @@ def test_config_path_and_folder(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     arch = sizing.load_arch(str(tmp_path))
     assert arch.kv_heads == 8 and arch.params == 8_030_261_248
+
+
+def test_qwen3_next_counts_its_attention_layers_only_and_a_state_per_sequence():
+    """Qwen3-Next-80B-A3B (transformers' Qwen3NextConfig defaults): 48 layers, one in four full attention (2 KV heads of
+    256), the rest Gated DeltaNet with a fixed-size state per sequence (``vllm/.../mamba_utils.py``)."""
+    arch = sizing.KVArch.from_config({"model_type": "qwen3_next"})
+    assert (arch.total_layers, arch.layers, arch.state_layers) == (48, 12, 36)
+    assert sizing.bytes_per_token(arch, "bf16") == 12 * 2 * 2 * 256 * 2 == 24_576  # not 48 layers' 98,304
+    conv = (4 - 1) * (2 * 16 * 128 + 32 * 128)  # kernel − 1 positions of the q, k and v channels
+    recurrent = 32 * 128 * 128  # value heads × value dim × key dim
+    assert arch.state_elements == conv + recurrent
+    per_sequence = 36 * (conv + recurrent) * 2
+    assert sizing.state_bytes(arch, "bf16") == per_sequence
+    assert sizing.kv_bytes(arch, 1000, "bf16", sequences=3) == 3 * (1000 * 24_576 + per_sequence)
+
+
+def test_jamba_and_granite_4_style_hybrids_by_hand():
+    jamba = sizing.KVArch.from_config({"model_type": "jamba"})  # Mamba-1 layers, attention every 8th from the 5th
+    assert (jamba.layers, jamba.state_layers) == (32 // 8, 32 - 32 // 8)
+    assert sizing.bytes_per_token(jamba, "bf16") == 2 * 4 * 8 * 128 * 2
+    inner = 2 * 4096  # expand × hidden
+    assert jamba.state_elements == (4 - 1) * inner + inner * 16
+    kinds = ["mamba"] * 3 + ["attention"] + ["mamba"] * 3 + ["attention"]
+    granite = sizing.KVArch.from_config({"model_type": "granitemoehybrid", "num_hidden_layers": 8, "layers_block_type": kinds,
+                                        "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4,
+                                        "mamba_n_heads": 32, "mamba_d_head": 64, "mamba_d_state": 128,
+                                        "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_expand": 2})
+    assert (granite.layers, granite.state_layers) == (2, 6)
+    assert sizing.bytes_per_token(granite, "bf16") == 2 * 2 * 4 * (1024 // 16) * 2
+    assert granite.state_elements == (4 - 1) * (2 * 1024 + 2 * 1 * 128) + 32 * 64 * 128  # Mamba-2: conv + heads × dim × state
+
+
+def test_vllm_pads_a_hybrid_model_s_pages_to_one_size():
+    """vLLM raises the attention block until one layer's page holds one layer's state (Qwen3-Next: 544 tokens from 16,
+    the size vLLM logs for it), pads the state to that page, and a request holds two pages per state group with
+    prefix caching on (``mamba_cache_mode="align"``), one without."""
+    arch = sizing.KVArch.from_config({"model_type": "qwen3_next"})
+    state_page = arch.state_elements * 2
+    plan = sizing.vllm_kv_plan(arch, 8 * 2**30, 8192, "bf16", block_size=16)
+    assert plan.block_size == 16 * -(-state_page // (16 * 2 * 2 * 256 * 2)) == 544
+    assert (plan.groups_full, plan.groups_state, plan.group_size) == (1, 3, 12)
+    page = 544 * 2 * 2 * 256 * 2
+    assert plan.num_blocks == 8 * 2**30 // (12 * page)
+    assert plan.blocks_per_request == -(-8192 // 544) + 3 * 2
+    assert sizing.vllm_kv_plan(arch, 8 * 2**30, 8192, "bf16", 16, prefix_caching=False).blocks_per_request == -(-8192 // 544) + 3

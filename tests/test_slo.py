@@ -35,6 +35,20 @@ def test_goodput_counts_requests_meeting_every_objective_as_vllm_bench_does():
     assert slo.good(df, slo.SLO(500, 80, e2e_ms=500)).sum() == 0
 
 
+def test_vllm_goodput_counts_every_request_where_the_course_drops_the_warm_up():
+    """vLLM bench's goodput is over the whole run; the course's drops each rate's first 20 % of arrivals. With the slow
+    requests first (an engine warming up), the two differ, and the table shows both."""
+    df = requests([900, 900, 100, 100, 100, 100, 100, 100, 100, 100], [20] * 10).assign(rate_rps=1.0)
+    objective = slo.SLO(500, 50)
+    ours = slo.rate_point(slo.steady_state(df), objective)
+    theirs = slo.vllm_goodput(df, objective)
+    duration = df.last_token_s.max() - df.arrival_s.min()
+    assert theirs["vllm_goodput_rps"] == pytest.approx(8 / duration) and theirs["vllm_throughput_rps"] == pytest.approx(10 / duration)
+    assert ours["attainment"] == 1.0 and ours["requests"] == 8  # the two slow ones were the warm-up
+    row = slo.rate_table(df, objective).iloc[0]
+    assert row.vllm_goodput_rps == pytest.approx(theirs["vllm_goodput_rps"]) and row.goodput_rps == pytest.approx(ours["goodput_rps"])
+
+
 def test_a_single_token_request_has_tpot_zero_for_goodput():
     df = requests([100], [50]).assign(tpot_s=math.nan, output_tokens=1)
     assert slo.good(df, slo.SLO(200, 10)).all()

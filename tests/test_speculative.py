@@ -41,6 +41,43 @@ def test_tasks_copy_real_text_or_ask_open_questions():
         speculative.task_messages("chat", 9)
 
 
+def _vllm_ngram_rule():
+    """vLLM 0.32's own n-gram function, read from its source and run as plain Python (no numba, no vLLM import)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    source = Path(importlib.util.find_spec("vllm").origin).parent / "v1" / "spec_decode" / "ngram_proposer.py"
+    tree = ast.parse(source.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_find_longest_matched_ngram_and_propose_tokens")
+    fn.decorator_list = []
+    namespace = {"np": np}
+    exec(compile(ast.Module([fn], []), str(source), "exec"), namespace)  # noqa: S102 - vLLM's own function, from its source
+    return namespace[fn.name]
+
+
+def test_the_ngram_rule_is_vllms_longest_suffix_earliest_occurrence():
+    import numpy as np
+
+    vllm_rule = _vllm_ngram_rule()
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        tokens = [int(x) for x in rng.integers(0, 4, size=int(rng.integers(1, 30)))]
+        k, lo = int(rng.integers(1, 6)), int(rng.integers(1, 3))
+        hi = lo + int(rng.integers(0, 3))
+        theirs = vllm_rule(np.array(tokens, dtype=np.int32), lo, hi, 10_000, k).tolist()
+        assert speculative.ngram_proposal(tokens, k, lo, hi) == theirs, (tokens, k, lo, hi)
+    assert speculative.ngram_proposal([5, 7, 9, 2, 5, 7, 9, 4, 5, 7], 3) == [9, 2, 5]  # the earliest, not the latest
+    assert speculative.ngram_proposal([1, 2, 1, 2], 5) == [1, 2]  # fewer than k where the sequence ends
+
+
+def test_coverage_is_the_share_of_decode_steps_with_a_draft():
+    assert speculative.coverage(3, 12) == 0.25
+    assert speculative.coverage(0, 0) != speculative.coverage(0, 0)  # nan: no decode step
+
+
 def test_same_outputs_finds_the_first_difference():
     base = pd.DataFrame({"task": ["edit", "edit"], "request": [0, 1], "repeat": [0, 0], "token_ids": [[1, 2, 3], [4, 5, 6]]})
     other = pd.DataFrame({"task": ["edit", "edit"], "request": [0, 1], "repeat": [0, 0], "token_ids": [[1, 2, 3], [4, 9, 6]]})

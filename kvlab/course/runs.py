@@ -33,12 +33,10 @@ class Run:
         return f"{self.lab}-{digest}"
 
 
-
 def status_of(out: Path, run: Run) -> dict[str, Any] | None:
     """The recorded status of a run in ``out``, or None if it never finished."""
     path = out / "runs" / run.run_id / "status.json"
     return json.loads(path.read_text()) if path.is_file() else None
-
 
 
 def write_status(path: Path, status: dict[str, Any]) -> None:
@@ -48,14 +46,12 @@ def write_status(path: Path, status: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-
 def _short_error(exc: BaseException) -> str:
     """One line for a failed run: the notebook's own exception name and message when papermill reports one."""
     ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
     if ename:
         return f"{ename}: {str(evalue).strip().splitlines()[0] if evalue else ''}"
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-
 
 
 def execute(run: Run, out: Path, timeout_s: int | None = None) -> dict[str, Any]:

@@ -250,7 +250,6 @@ def chat(llm: LLM, question: str, max_tokens: int = 32, **sampling: Any):  # noq
     return llm.chat([{"role": "user", "content": question}], params, use_tqdm=False, chat_template=template)[0]
 
 
-
 def engine_dtype(llm: Any) -> str:
     """The engine's model dtype as a torch name ("float32", "bfloat16"...), to measure limits in the same dtype."""
     return str(llm.llm_engine.vllm_config.model_config.dtype).replace("torch.", "")

@@ -7,8 +7,11 @@ Client → gateway → vLLM server. For ``POST /v1/chat/completions`` the gatewa
    ``400`` with an error naming the cap (``over_cap="reject"``), or sends the request down the **batch lane**
    (``over_cap="batch"``): at most ``batch_concurrency`` over-cap requests reach the engine at once, the others wait
    in the gateway, so long jobs cannot crowd out chat;
-2. answers an exact repeat from **Redis** — only for deterministic requests (``temperature`` 0, one choice): with
-   sampling, a repeat *should* get a different answer, so caching it would change the product. The key is a hash of
+2. answers an exact repeat from **Redis** — only for greedy requests (``temperature`` 0, one choice): with
+   sampling, a repeat *should* get a different answer, so caching it would change the product. Greedy is not
+   bit-for-bit reproducible either — vLLM promises the same output across batch compositions only with batch
+   invariance, which is GPU-only (vLLM docs, "Reproducibility"), and lesson 09 shows greedy answers changing with
+   the order of computation — but a greedy repeat asks for the same answer, so serving the stored one is fair. The key is a hash of
    the model, the messages (role and content, in order) and every sampling setting; entries expire after ``ttl_s``.
    A response-cache hit skips the model entirely; the engine's prefix cache only skips part of prefill — two hit
    rates, two metrics;
@@ -50,8 +53,8 @@ TIME_HEADER = "x-kvlab-gateway-ms"
 
 
 def cacheable(body: dict[str, Any]) -> bool:
-    """Only deterministic requests are cached: temperature 0 (greedy) and one choice (the API's default temperature
-    is 1, so a request must ask for 0)."""
+    """Only greedy requests are cached: temperature 0 and one choice. A request that omits the temperature gets the
+    model's ``generation_config`` default where it has one, else 1 (vLLM's server), so only an explicit 0 counts."""
     return float(body.get("temperature", 1.0)) == 0.0 and int(body.get("n", 1) or 1) == 1
 
 

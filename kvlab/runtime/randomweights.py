@@ -40,7 +40,6 @@ def _random_model(auto_class: Any, cfg: Any) -> Any:
     return model
 
 
-
 def save_random_model(target: Path, make_config: Callable[[], Any], tokenizer_from: str, stamp: dict) -> Path:
     """Build a model with random weights (seed 0, bf16: half the disk) from a config, save it with a tokenizer into
     ``target`` atomically (temporary folder, then rename: never half-written), and stamp it."""
@@ -68,14 +67,12 @@ def save_random_model(target: Path, make_config: Callable[[], Any], tokenizer_fr
 SECOND_MODEL = "Qwen2-Tiny-Random"
 
 
-
 #: A model of another family than the course's, to prove the course holds beyond it: Qwen2 layout (q/k/v biases,
 #: 8 query heads sharing 2 KV heads of 64, 24 layers), random weights, the course model's tokenizer.
 SECOND_MODEL_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 512,
                        "intermediate_size": 1536, "num_hidden_layers": 24, "num_attention_heads": 8,
                        "num_key_value_heads": 2, "max_position_embeddings": 8192, "rope_theta": 1000000.0,
                        "tie_word_embeddings": True, "use_sliding_window": False}
-
 
 
 def _prepare_local_model(name: str, fields: dict[str, Any], chat_template: bool) -> Path:
@@ -105,13 +102,11 @@ def _prepare_local_model(name: str, fields: dict[str, Any], chat_template: bool)
     return made
 
 
-
 def prepare_second_model() -> Path:
     """The second architecture (``KVLAB_MODEL=Qwen2-Tiny-Random``): made once with transformers and cached."""
     return _prepare_local_model(SECOND_MODEL, SECOND_MODEL_CONFIG, chat_template=True)
 
 BASE_MODEL = "OPT-Tiny-Random-Base"
-
 
 
 #: A third layout, the opposite of the course model's on every axis the course measures: OPT (vLLM's quickstart
@@ -120,7 +115,6 @@ BASE_MODEL = "OPT-Tiny-Random-Base"
 BASE_MODEL_CONFIG = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 512, "ffn_dim": 2048,
                      "num_hidden_layers": 12, "num_attention_heads": 8, "max_position_embeddings": 2048,
                      "word_embed_proj_dim": 512}
-
 
 
 def prepare_base_model() -> Path:

@@ -15,7 +15,6 @@ PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | capitalize }}: {{ 
 _NOTED: set[str] = set()
 
 
-
 def chat_template(tokenizer: Any) -> str | None:
     """None when the model's tokenizer has its own chat template (it is used); else ``PLAIN_CHAT_TEMPLATE``, said once
     per model in a printed note (its answers are then plain text continuation, not an instruction-tuned chat)."""
@@ -27,7 +26,6 @@ def chat_template(tokenizer: Any) -> str | None:
         print(f"Note: {name} has no chat template (a base model); KV Lab writes its chats as plain 'User: …' / "
               "'Assistant:' lines (kvlab.runtime.templates.PLAIN_CHAT_TEMPLATE).")
     return PLAIN_CHAT_TEMPLATE
-
 
 
 def chat_template_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
