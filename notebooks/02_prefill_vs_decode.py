@@ -141,7 +141,11 @@ else:
 decode_tokens, repeats = kvlab.pick(32, 16), kvlab.pick(5, 3)
 context = kvlab.kv_capacity(llm).max_model_len  # a model with a shorter context runs the lengths that fit
 prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + decode_tokens <= context]
-runs = prefill_decode.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")
+from kvlab import stepmodel
+
+recorder = stepmodel.StepRecorder(llm)  # every engine step of the sweep: its composition and its duration
+with recorder.recording():
+    runs = prefill_decode.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")
 limits = roofline.best_of(limits, roofline.measure_limits(quick=kvlab.quick()))  # the peak seen before or after
 runs = roofline.add_bounds(runs, cost, limits)
 summary = timing.summarize(runs, ["ttft_s", "tpot_s", "prefill_s"], by=["prompt_tokens"])
@@ -194,6 +198,46 @@ eff["decode % of bandwidth peak"] = 100 * eff.decode_gbs / limits.bandwidth
 eff["prefill_gflops"] /= 1e9
 eff["decode_gbs"] /= 1e9
 eff.round(1)
+
+# %% [markdown]
+# ### Where each step's time goes
+#
+# The bounds say what a step cannot beat; how much of a measured step is each thing? `kvlab.stepmodel` fits one step's
+# duration from its composition — a **fixed** cost per step, a cost **per sequence**, and the step's FLOPs ÷ the
+# matmul peak and its bytes ÷ the bandwidth with fitted scales (or their maximum, whichever fits this machine's steps
+# better) — on a short calibration sweep of its own (prefills up to 512 tokens, batches of up to 4), then splits the
+# sweep's steps above into those terms: every prompt length's prefill step, and the decode steps after it.
+
+# %%
+steps_model = stepmodel.calibrate(llm, quick=True, limits=limits)
+prefill_terms = stepmodel.prefill_attribution(steps_model, recorder.steps)
+prefill_terms = prefill_terms[prefill_terms.prompt_tokens.isin(prompt_lengths)]
+decode_terms = stepmodel.attribution_by(steps_model, recorder.steps, lambda s: next(
+    (p for p in prompt_lengths if p <= s.sequences[0][1] < p + decode_tokens), None) if s.tokens == 1 else None, "prompt_tokens")
+stepmodel.attribution_figure(prefill_terms, "prompt_tokens", "A prefill step, term by term: predicted (bars), measured (◆)").show()
+stepmodel.attribution_figure(decode_terms, "prompt_tokens", "A decode step after each prompt, term by term: predicted (bars), measured (◆)").show()
+steps_model.describe().round(4)
+
+# %%
+short, longest = prefill_terms.iloc[0], prefill_terms.iloc[-1]
+dec = decode_terms.iloc[0]
+shares = {t: dec[t] / dec.predicted_ms for t in stepmodel.TERM_COLUMNS}
+miss = (pd.concat([prefill_terms, decode_terms]).eval("predicted_ms / measured_ms - 1")).abs()
+print(f"{steps_model.form} model: prefill of {int(short.prompt_tokens):,} tokens {short.measured_ms:.0f} ms measured, "
+      f"{short.compute / short.predicted_ms:.0%} of it compute; {int(longest.prompt_tokens):,} tokens {longest.measured_ms:.0f} ms, "
+      f"{longest.compute / longest.predicted_ms:.0%} compute. A decode step ({dec.measured_ms:.1f} ms): "
+      f"{shares['fixed'] + shares['per-sequence']:.0%} fixed cost, {shares['weight reads']:.0%} weight reads, "
+      f"{shares['KV reads']:.0%} KV reads, {shares['compute']:.0%} compute; median |miss| over these steps {miss.median():.0%}")
+assert longest.compute / longest.predicted_ms > short.compute / short.predicted_ms  # longer prompts: more of it arithmetic
+
+# %% [markdown]
+# On a GPU the same model, given an H100's datasheet limits and no fitted overhead (a **lower bound**, not a
+# prediction), and Llama-3.1-8B's FLOPs and bytes, splits a decode step almost entirely into the weight read:
+
+# %%
+gpu_model = steps_model.with_limits(gpu).for_model(llama8b)
+gpu_split = gpu_model.attribution([stepmodel.decode_step(1, 1024), stepmodel.Step(0.0, ((1024, 0),))]).round(3)
+gpu_split.assign(step=["decode at 1,024 tokens", "prefill of 1,024 tokens"])[["step", "predicted_ms", "weight reads", "KV reads", "compute"]]
 
 # %% [markdown]
 # ## 5. Where the time goes: short vs long prompts × output lengths

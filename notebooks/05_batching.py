@@ -9,14 +9,17 @@
 # %% [markdown]
 # # 05 · Batching — throughput against latency
 #
-# Decode is bound by memory bandwidth: each step reads all the weights to produce **one** token per sequence. Run many
-# sequences in the same step and that one read of the **weights** serves all of them — throughput rises almost for free.
-# Not the KV cache: every sequence still reads its *own* keys and values each step, so the gain shrinks as contexts grow
-# and those reads take over, and it stops when compute or the KV budget runs out. The cost lands on latency: every
+# A decode step produces **one** token per sequence, and much of what it costs does not depend on how many sequences
+# it holds: on a GPU that is mostly reading all the weights; on a CPU like this one, also a fixed cost every step pays
+# (scheduling, kernel launches, sampling). Run many sequences in the same step and they share all of that — throughput
+# rises almost for free. Not the KV cache: every sequence still reads its *own* keys and values each step, so the gain
+# shrinks as contexts grow, and it stops when compute or the KV budget runs out. The cost lands on latency: every
 # request in a bigger batch waits for more work per step (TPOT) and for more prompts ahead of it (TTFT).
 #
-# You will measure: offline batches from 1 to many sequences — at a short and at a long context —, continuous arrivals at
-# rising rates, and the point where the KV budget — lesson 01's number — caps how many sequences can run at once.
+# You will fit a model of one engine step on small batches and **write down its predictions for the largest batch and
+# a long-context batch before measuring them**; then measure offline batches from 1 to many sequences — at a short and
+# at a long context — and see which term of the step each gain came from, continuous arrivals at rising rates, and the
+# point where the KV budget — lesson 01's number — caps how many sequences can run at once.
 
 # %%
 import kvlab
@@ -42,7 +45,41 @@ from kvlab import batching, roofline, timing
 llm = kvlab.make_engine(enable_prefix_caching=False, max_num_batched_tokens=8192)  # a whole batch's prompts in one step
 batch_sizes = kvlab.pick([1, 4, 8, 16, 32, 64], [1, 8, 16])
 prompt_tokens, output_tokens = 128, kvlab.pick(64, 32)
-batches = batching.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens, repeats=2)
+
+# %% [markdown]
+# ### First, a model of one step — and its predictions, written down before the sweep
+#
+# `kvlab.stepmodel` times every step of the engine core (its own step loop's clock) and fits its duration from the
+# step's composition: a **fixed** cost per step, a cost **per sequence**, and the hardware term of lesson 02 — the
+# step's FLOPs ÷ this machine's measured peak and its bytes (the weights once, every sequence's KV) ÷ the measured
+# bandwidth, added with fitted scales or through their maximum, whichever fits this machine's steps better. It is
+# fitted only on prefills and on batches of **at most 4** sequences at contexts of **at most ~300** tokens; the
+# largest batch of the sweep and the long-context batch are predicted from it, before either runs.
+
+# %%
+from kvlab import stepmodel
+
+steps_model = stepmodel.calibrate(llm, quick=True)  # the short sweep (under a minute): the lesson has more to run
+print(f"{steps_model.form} form, fitted on {steps_model.points} step compositions (median |residual| "
+      f"{steps_model.median_abs_residual():.1%}; the {steps_model.other_form['form']} form: {steps_model.other_form['median_abs_residual']:.1%})")
+steps_model.describe().round(4)
+
+# %%
+long_prompt, long_batch = 1024, 8
+ahead = pd.DataFrame([
+    {"case": f"batch {batch_sizes[-1]}, short context", "sequences": batch_sizes[-1], "context": prompt_tokens + output_tokens // 2},
+    {"case": f"batch {long_batch}, long context", "sequences": long_batch, "context": long_prompt + output_tokens // 2}])
+ahead["predicted_ms"] = [steps_model.predict_ms([stepmodel.decode_step(b, c)])[0] for b, c in zip(ahead.sequences, ahead.context, strict=True)]
+ahead["written_at"] = pd.Timestamp.now().strftime("%H:%M:%S")  # before anything below runs
+ahead.round(1)
+
+# %% [markdown]
+# Now the sweep, with every step recorded.
+
+# %%
+recorder = stepmodel.StepRecorder(llm)
+with recorder.recording():
+    batches = batching.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens, repeats=2)
 summary = batching.batch_summary(batches)
 summary.round(3)
 
@@ -68,37 +105,41 @@ assert gain >= 2, gain
 assert b.ttft_s_p50[last] > b.ttft_s_p50[first]
 
 # %% [markdown]
+# ### Where each decode step's time went
+#
+# Every decode step of the sweep, grouped by how many sequences it held: the model's terms stacked (fixed,
+# per-sequence, weight reads, KV reads, compute) and the measured median beside them.
+
+# %%
+decode = stepmodel.decode_attribution(steps_model, recorder.steps)
+stepmodel.attribution_figure(decode, "sequences", "One decode step, term by term: predicted (bars) and measured (◆)").show()
+decode.round(2)
+
+# %%
+shared = max(s for s in batch_sizes if s <= 16)
+one, many = decode.set_index("sequences").loc[first], decode.set_index("sequences").loc[shared]
+fixed_share = (one["fixed"] + one["per-sequence"]) / one.predicted_ms
+weight_share = one["weight reads"] / one.predicted_ms
+rose = b.decode_tok_s[shared] / b.decode_tok_s[first]
+print(f"From 1 to {shared} sequences, decode throughput rose {rose:.1f}×: {fixed_share:.0%} of a batch-1 step was fixed "
+      f"cost (per step and per sequence), now shared by {shared}, and {weight_share:.0%} the weight read; a {shared}-sequence "
+      f"step took {many.measured_ms:.1f} ms against {one.measured_ms:.1f} ms for one.")
+
+# %% [markdown]
 # ### Batching shares the weights, not the KV cache
 #
 # One decode step of B sequences must read the weights once, but each sequence's KV cache of its whole context:
 # `bytes = weights + B × KV bytes per token × context` (`roofline.ModelCost.batch_decode_step_bytes`). At a short
 # context the weights dominate the bytes and B sequences cost little more than one; at a long context the KV term
-# grows with B, and the gain from batching levels off.
-#
-# Bytes are not the whole step, though. First, how much of a batch-1 step here is the weight read at all — measured
-# against this machine's bandwidth (in a fresh process, as lesson 02 does) — and what the same arithmetic says for an
-# 8B model on a GPU:
+# grows with B, and the gain from batching levels off. The same batch sizes again, now with 1,024-token prompts:
 
 # %%
-from kvlab import sizing
-
-cost = roofline.engine_cost(llm)
-bandwidth = roofline.measure_limits(quick=kvlab.quick(), matmul=False).bandwidth
-weight_ms, step_ms = cost.weights_read(1) / bandwidth * 1e3, b.tpot_s_p50[first] * 1e3
-gpu, llama8b = roofline.H100_SXM_BF16, roofline.ModelCost.from_config(sizing.load_preset("Llama-3.1-8B")["config"], 2, 2 * 32 * 8 * 128 * 2)
-gpu_ms = llama8b.weights_read(1) / gpu.bandwidth * 1e3
-print(f"Here: a batch-{first} decode step took {step_ms:.1f} ms (median); reading the weights once takes {weight_ms:.1f} ms at "
-      f"{bandwidth / 1e9:.0f} GB/s — {weight_ms / step_ms:.0%} of the step. The other {step_ms - weight_ms:.1f} ms is paid by every "
-      f"step whatever its size (scheduling, kernel launches, sampling), so on this machine batching's gain comes mostly from "
-      f"sharing that fixed cost, and only partly from sharing the weight read.")
-print(f"On an {gpu.device} (datasheet bandwidth, no overhead: a lower bound), Llama-3.1-8B's weights take {gpu_ms:.1f} ms to "
-      f"read per step: there the weight read is the step, and it is what a batch shares.")
-
-# %%
-long_prompt = 1024
-long_sizes = [1, 8]
-long_batches = batching.batch_sweep(llm, long_sizes, long_prompt, output_tokens, repeats=kvlab.pick(2, 1))
+long_sizes = [1, long_batch]
+long_recorder = stepmodel.StepRecorder(llm)
+with long_recorder.recording():
+    long_batches = batching.batch_sweep(llm, long_sizes, long_prompt, output_tokens, repeats=kvlab.pick(2, 1))
 long_summary = batching.batch_summary(long_batches)
+cost = roofline.engine_cost(llm)
 rows = []
 for context, table in ((prompt_tokens, summary), (long_prompt, long_summary)):
     base = table.set_index("batch_size").decode_tok_s[1]
@@ -118,6 +159,40 @@ top = max(long_sizes)
 g = gains.set_index(["prompt tokens", "batch size"])["measured gain"]
 print(f"batch {top}: decode throughput ×{g[prompt_tokens, top]:.1f} at {prompt_tokens}-token prompts, ×{g[long_prompt, top]:.1f} at {long_prompt:,}")
 assert g[long_prompt, top] < g[prompt_tokens, top], "the long context should gain less from batching"
+
+# %% [markdown]
+# ### The predictions, scored
+#
+# The two steps predicted before the sweep, against the median of the matching steps it measured:
+
+# %%
+long_decode = stepmodel.decode_attribution(steps_model, long_recorder.steps).set_index("sequences")
+measured = [decode.set_index("sequences").measured_ms[batch_sizes[-1]], long_decode.measured_ms[long_batch]]
+scored = ahead.assign(measured_ms=measured, error=lambda t: t.predicted_ms / t.measured_ms - 1)
+print("; ".join(f"{r.case}: predicted {r.predicted_ms:.1f} ms, measured {r.measured_ms:.1f} ms ({r.error:+.0%})" for r in scored.itertuples()))
+scored.round(3)
+
+# %%
+assert (scored.error.abs() < 0.3).all(), scored  # fitted on ≤ 4 sequences at short contexts; checked far outside them
+
+# %% [markdown]
+# ### The same model on a GPU
+#
+# The step model keeps its form; give it an H100's datasheet limits and drop the fitted overheads (so it is a **lower
+# bound**, not a prediction), and give it Llama-3.1-8B's FLOPs and bytes. There the weight read is most of a decode
+# step, and that is what a batch shares:
+
+# %%
+from kvlab import sizing
+
+llama8b = roofline.ModelCost.from_config(sizing.load_preset("Llama-3.1-8B")["config"], 2, 2 * 32 * 8 * 128 * 2)
+gpu_model = steps_model.with_limits(roofline.H100_SXM_BF16).for_model(llama8b)
+gpu_steps = [stepmodel.decode_step(n, prompt_tokens + output_tokens // 2) for n in (1, shared)]
+gpu_ms = gpu_model.predict_ms(gpu_steps)
+gpu_terms = gpu_model.attribution(gpu_steps).iloc[0]
+print(f"{roofline.H100_SXM_BF16.device}, Llama-3.1-8B (lower bound): a 1-sequence decode step ≥ {gpu_ms[0]:.2f} ms, of which "
+      f"{gpu_terms['weight reads'] / gpu_terms.predicted_ms:.0%} the weight read; {shared} sequences ≥ {gpu_ms[1]:.2f} ms — "
+      f"throughput up to {shared * gpu_ms[0] / gpu_ms[1]:.1f}× from sharing the weight read alone.")
 
 # %% [markdown]
 # ## 2. Continuous arrivals
@@ -192,9 +267,12 @@ Markdown(f"""
 - From batch {first} to batch {last}, decode throughput rose **{gain:.1f}×** ({b.decode_tok_s[first]:.0f} → {b.decode_tok_s[last]:.0f} tok/s)
   while median TPOT went {b.tpot_s_p50[first] * 1e3:.0f} → {b.tpot_s_p50[last] * 1e3:.0f} ms and median TTFT
   {b.ttft_s_p50[first] * 1e3:.0f} → {b.ttft_s_p50[last] * 1e3:.0f} ms: the batch helps the machine, each user waits longer.
-- A batch-{first} step took {step_ms:.1f} ms here, of which reading the weights is {weight_ms:.1f} ms ({weight_ms / step_ms:.0%}):
-  most of what a batch shares on this machine is a fixed per-step cost; for an 8B model on an {gpu.device} the weight
-  read alone is {gpu_ms:.1f} ms per step.
+- Where the gain came from (the step model, fitted on ≤ 4 sequences): {fixed_share:.0%} of a batch-1 decode step here was
+  fixed cost, {weight_share:.0%} the weight read; from 1 to {shared} sequences decode throughput rose {rose:.1f}×. Its
+  predictions, written before the sweep: {scored.case[0]} {scored.predicted_ms[0]:.1f} ms (measured {scored.measured_ms[0]:.1f},
+  {scored.error[0]:+.0%}), {scored.case[1]} {scored.predicted_ms[1]:.1f} ms (measured {scored.measured_ms[1]:.1f},
+  {scored.error[1]:+.0%}). On an H100 (datasheet, lower bound) Llama-3.1-8B's batch-1 step is {gpu_terms['weight reads'] / gpu_terms.predicted_ms:.0%}
+  weight read: there batching shares the weights.
 - Batching shares the weight read, not the KV reads: at batch {top}, decode throughput grew **×{g[prompt_tokens, top]:.1f}** with
   {prompt_tokens}-token prompts but only **×{g[long_prompt, top]:.1f}** with {long_prompt:,}-token prompts, where each sequence's own KV
   made up {gains.set_index(["prompt tokens", "batch size"])["KV share of the step's bytes"][long_prompt, top]:.0%} of the step's bytes (bandwidth model:

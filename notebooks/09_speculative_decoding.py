@@ -108,8 +108,12 @@ print(f"On an {gpu.device} (datasheet limits, no overhead: a lower bound), Llama
 # Greedy, each request alone, streamed chunk by chunk (TPOT from the first to the last chunk, ITL between chunks).
 
 # %%
+from kvlab import stepmodel
+
 requests, max_tokens = kvlab.pick(3, 2), kvlab.pick(96, 64)
-runs = [speculative.time_tasks(base, list(speculative.TASKS), requests, max_tokens, k=0)]
+steps_of = {k: stepmodel.StepRecorder(base) for k in [0]}  # every engine step, per k (the engines come below)
+with steps_of[0].recording():
+    runs = [speculative.time_tasks(base, list(speculative.TASKS), requests, max_tokens, k=0)]
 runs[0].groupby("task")[["prompt_tokens", "output_tokens", "client_tpot_s"]].median().round(4)
 
 # %% [markdown]
@@ -139,10 +143,13 @@ assert speculative.ngram_proposal([1, 2, 3, 4], k=3) == []  # no suffix of 2-4 t
 batch_sizes, batch_k = kvlab.pick([1, 4, 16], [1, 8]), 4  # batches run with k = 4 (section 6)
 edit_prompts = [kvlab.runtime.templates.chat_template_ids(base.get_tokenizer(), m) for m in speculative.task_messages("edit", 4)]
 batches = [speculative.batch_run(base, edit_prompts, batch_sizes, 64, k=0)]
+steps_model = stepmodel.calibrate(base, quick=True, limits=limits)  # fitted on plain steps of this engine
 kvlab.close_engine(base)
 for k in ks:
     eng = kvlab.make_engine(enforce_eager=True, max_model_len=2048, **speculative.ngram_config(k))
-    runs.append(speculative.time_tasks(eng, list(speculative.TASKS), requests, max_tokens, k=k))
+    steps_of[k] = stepmodel.StepRecorder(eng)
+    with steps_of[k].recording():
+        runs.append(speculative.time_tasks(eng, list(speculative.TASKS), requests, max_tokens, k=k))
     if k == batch_k:
         batches.append(speculative.batch_run(eng, edit_prompts, batch_sizes, 64, k=k))
     kvlab.close_engine(eng)
@@ -178,6 +185,34 @@ chat = spec[spec.task == "chat"]
 print(f"best: {best.task} at k = {best.k}: acceptance {best.acceptance_rate:.0%}, TPOT {best.tpot_p50_ms:.1f} ms "
       f"({best.speedup:.2f}×); chat: acceptance {chat.acceptance_rate.min():.0%}–{chat.acceptance_rate.max():.0%}, "
       f"speed-up {chat.speedup.min():.2f}–{chat.speedup.max():.2f}×")
+
+# %% [markdown]
+# ### A verify step, term by term
+#
+# Every step of every engine was recorded. A step that verifies drafts processes 1 + d tokens for its sequence (d ≤ k
+# drafted). The step model — fitted on this machine's plain steps, before speculation — splits each into its terms; a
+# verify step also runs the proposer and the rejection sampler, which the model does not know, so any gap between its
+# prediction and the measurement is theirs and noise's.
+
+# %%
+def tokens_per_step(step):  # one sequence decoding or verifying: its tokens this step; else left out
+    return step.tokens if len(step.sequences) == 1 and step.sequences[0][1] > 0 else None
+
+
+verify = stepmodel.attribution_by(steps_model, [s for k in steps_of for s in steps_of[k].steps], tokens_per_step, "tokens per step")
+stepmodel.attribution_figure(verify, "tokens per step", "A decode or verify step, term by term: predicted (bars), measured (◆)").show()
+verify.round(2)
+
+# %%
+v1, vk = verify.iloc[0], verify.iloc[-1]
+print(f"1 token per step: {v1.measured_ms:.1f} ms measured ({(v1['fixed'] + v1['per-sequence']) / v1.predicted_ms:.0%} fixed cost, "
+      f"{v1['weight reads'] / v1.predicted_ms:.0%} weight reads); {int(vk['tokens per step'])} tokens per step: {vk.measured_ms:.1f} ms "
+      f"({vk.measured_ms / v1.measured_ms:.2f}×, predicted {vk.predicted_ms / v1.predicted_ms:.2f}×) — the extra tokens share the fixed "
+      f"cost and the weight read; the proposer and rejection sampler add {vk.measured_ms - vk.predicted_ms:+.1f} ms beyond the model.")
+gpu_verify = steps_model.with_limits(roofline.H100_SXM_BF16).for_model(llama8b).predict_ms(
+    [stepmodel.decode_step(1, context), stepmodel.Step(0.0, ((max(ks) + 1, context),), max(ks))])
+print(f"On an H100 (datasheet, lower bound), Llama-3.1-8B: {gpu_verify[0]:.2f} ms for one token, {gpu_verify[1]:.2f} ms to verify "
+      f"{max(ks)} drafts — there the weight read is what the k + 1 tokens share.")
 
 # %% [markdown]
 # ## 4. Same answers?

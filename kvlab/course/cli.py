@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvlab import stepmodel
 from kvlab.course import grid, labs
 from kvlab.course.build import broken_links, build, lessons
 from kvlab.runtime.envinfo import print_env
@@ -83,6 +84,15 @@ def _labs_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forecast_calibrate(args: argparse.Namespace) -> int:
+    model = stepmodel.calibrate_and_check(args.model, quick=args.quick, out=args.out)
+    print(model.describe().to_string(index=False))
+    print(f"{model.form} form, {model.points} step compositions, median |residual| {model.median_abs_residual():.1%} "
+          f"(the other form: {model.other_form['median_abs_residual']:.1%}); held-out points: median |error| "
+          f"{model.meta['held_out_median_abs_error']:.1%}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvlab`` console script."""
     parser = argparse.ArgumentParser(prog="kvlab", description="KV Lab: LLM inference, measured on a real vLLM engine.")
@@ -116,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     ref.add_argument("out", help="the grid's output folder")
     ref.add_argument("dest", help="e.g. data/reference/cpu")
     ref.set_defaults(func=_labs_reference)
+    f = sub.add_parser("forecast", help="the step-time model: calibrate it on this machine")
+    fsub = f.add_subparsers(dest="forecast_command", required=True)
+    fc = fsub.add_parser("calibrate", help="fit the step model on this machine and model, check it on held-out steps, "
+                                           "write step_model.json")
+    fc.add_argument("--model", default=None, help="model name or folder (default: KVLAB_MODEL or the course model)")
+    fc.add_argument("--out", default=None, help="output folder (default: build/forecast)")
+    fc.add_argument("--quick", action="store_true", help="the quick sweep (about a minute) instead of the full one")
+    fc.set_defaults(func=_forecast_calibrate)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

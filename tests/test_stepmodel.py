@@ -1,0 +1,112 @@
+"""The step-time model: recovery of known constants from synthetic steps (pure logic), the choice between its two
+forms, and — on the real engine — a step composition outside the calibration predicted before it is measured."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvlab import stepmodel
+from kvlab.roofline import MachineLimits, ModelCost
+from kvlab.runtime.errors import KVLabError
+
+COST = ModelCost(linear_params=110_000_000, lm_head_params=28_000_000, layers=30, attn_width=576,
+                 kv_bytes_per_token=23_040, bytes_per_param=2)
+LIMITS = MachineLimits(matmul_flops=2.5e11, bandwidth=3.0e10, dtype="bfloat16", device="cpu", threads=2)
+
+
+def synthetic(form: str, constants: dict[str, float], noise: float, seed: int = 0) -> list[stepmodel.Step]:
+    """Steps of many compositions (prefills of 32-2,048 tokens; 1-16 sequences decoding at 64-2,048 tokens of
+    context) timed by the model itself with ``constants``, times multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    shapes = [((n, 0),) for n in (32, 64, 128, 256, 512, 1024, 2048)]
+    shapes += [tuple((1, c) for _ in range(b)) for b in (1, 2, 3, 4, 6, 8, 12, 16) for c in (64, 128, 256, 512, 1024, 2048)]
+    shapes += [((256, 0), *((1, 512),) * 4), ((512, 512), (1, 128), (1, 128))]  # mixed prefill + decode steps
+    truth = stepmodel.StepModel(form, constants, {}, LIMITS, COST)
+    steps = [stepmodel.Step(1.0, s) for s in shapes]
+    ms = truth.predict_ms(steps) * rng.normal(1.0, noise, len(steps))
+    return [stepmodel.Step(t / 1e3, s.sequences) for t, s in zip(ms, steps, strict=True)]
+
+
+SUM = {"fixed_ms": 14.0, "per_sequence_ms": 0.6, "compute_scale": 1.4, "kv_scale": 1.8}
+MAX = {"fixed_ms": 12.0, "per_sequence_ms": 0.8, "compute_scale": 1.5, "kv_scale": 2.0}
+
+
+@pytest.mark.parametrize(("form", "constants"), [("sum", SUM), ("max", MAX)])
+def test_the_fit_recovers_known_constants_and_picks_the_form_that_made_the_data(form, constants):
+    steps = synthetic(form, constants, noise=0.01)
+    model = stepmodel.fit(steps, COST, LIMITS)
+    assert model.form == form, (model.form, model.median_abs_residual(), model.other_form)
+    for name, value in constants.items():
+        assert model.constants[name] == pytest.approx(value, rel=0.05), (name, model.constants, model.errors)
+        assert model.errors[name] > 0
+    assert model.median_abs_residual() < 0.02
+    assert len(model.describe()) == len(constants) <= 8
+
+
+def test_a_model_keeps_its_constants_on_another_model_and_bounds_a_gpu():
+    model = stepmodel.fit(synthetic("sum", SUM, 0.01), COST, LIMITS)
+    wider = ModelCost(**{**COST.__dict__, "linear_params": 2 * COST.linear_params})
+    step = [stepmodel.Step(1.0, ((1, 512),) * 4)]
+    assert model.for_model(wider).predict_ms(step)[0] > model.predict_ms(step)[0]
+    gpu = model.with_limits(MachineLimits(989e12, 3.35e12, "bfloat16", "H100 (datasheet)", 0))
+    assert gpu.constants["fixed_ms"] == 0 and 0 < gpu.predict_ms(step)[0] < model.predict_ms(step)[0] / 10
+
+
+def test_a_fit_that_misses_says_so_and_names_the_worst_steps():
+    steps = synthetic("sum", SUM, noise=0.6, seed=3)
+    model = stepmodel.fit(steps, COST, LIMITS)
+    with pytest.raises(KVLabError, match=r"misses this machine's steps by a median \d+%.*worst: \d+ sequences"):
+        stepmodel.check_fit(model, steps)
+
+
+def test_a_model_that_cannot_be_costed_is_refused_before_any_engine_starts(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "mystery-net", "architectures": ["MysteryNet"]}')
+    with pytest.raises(KVLabError, match="step model cannot count|lacks"):
+        stepmodel.calibrate_and_check(str(tmp_path), quick=True, out=tmp_path)
+
+
+def test_attribution_terms_add_up_to_the_prediction(tmp_path):
+    model = stepmodel.fit(synthetic("max", MAX, 0.01), COST, LIMITS)
+    steps = [stepmodel.Step(0.02, ((1, 256),) * 2), stepmodel.Step(0.5, ((1024, 0),))]
+    table = model.attribution(steps)
+    terms = table[["fixed", "per-sequence", "weight reads", "KV reads", "compute"]].sum(axis=1)
+    assert np.allclose(terms, model.predict_ms(steps)) and np.allclose(table.predicted_ms, terms)
+    again = stepmodel.StepModel.from_json(model.to_json(tmp_path / "step_model.json"))
+    assert again.constants == model.constants and again.form == model.form
+
+
+def test_a_composition_is_read_from_vllms_scheduler_output():
+    from types import SimpleNamespace
+
+    out = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="a", num_computed_tokens=128)],
+                          scheduled_cached_reqs=SimpleNamespace(req_ids=["b", "c"], num_computed_tokens=[300, 40]),
+                          num_scheduled_tokens={"a": 256, "b": 1, "c": 5}, scheduled_spec_decode_tokens={"c": [1, 2, 3, 4]},
+                          total_num_scheduled_tokens=262)
+    step = stepmodel.composition(out, 0.03)
+    assert step.sequences == ((256, 128), (1, 300), (5, 40)) and step.spec_tokens == 4 and step.tokens == 262
+
+
+@pytest.mark.engine
+def test_a_step_outside_the_calibration_is_predicted_within_15_percent(engine):
+    """Calibrated on ≤ 4 sequences at ≤ 256 tokens of context (and prefills ≤ 512), quick mode; then 8 sequences
+    decoding at ~1,024 tokens of context — a composition it never saw — predicted before it is measured."""
+    model = stepmodel.calibrate(engine, quick=True)
+    table = stepmodel.held_out(engine, model, [stepmodel.Point(8, 1024, 16)], repeats=2)
+    decode = table[(table.sequences == 8) & (table.tokens == 8)]
+    error = float(decode.predicted_ms.median() / decode.measured_ms.median() - 1)
+    assert abs(error) <= 0.15, (f"predicted {decode.predicted_ms.median():.1f} ms, measured {decode.measured_ms.median():.1f} ms "
+                                f"({error:+.0%}); {model.form} model {model.constants}")
+
+
+def test_the_reference_calibration_is_small_sure_of_itself_and_checked_on_held_out_steps():
+    """data/reference/cpu/step_model.json: a full-mode `kvlab forecast calibrate` on the reference machine."""
+    from kvlab.runtime.config import REPO_ROOT
+
+    path = REPO_ROOT / "data" / "reference" / "cpu" / "step_model.json"
+    model = stepmodel.StepModel.from_json(path)
+    assert len(model.constants) <= 8 and set(model.errors) == set(model.constants)
+    assert all(model.errors[k] < abs(model.constants[k]) for k in model.constants), model.describe()
+    assert model.median_abs_residual() <= 0.05
+    assert model.meta["held_out_median_abs_error"] <= 0.10 and len(model.meta["held_out"]) >= 4
+    assert model.meta["machine"]["cpu"] and model.meta["engine"]["model"]
