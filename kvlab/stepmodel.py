@@ -135,13 +135,13 @@ class StepModel:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def terms_ms(self, table: pd.DataFrame) -> pd.DataFrame:
-        """Each step's predicted time split into its terms (ms): fixed, per-sequence, weight reads, KV reads, compute. Under "max" the hardware term goes to whichever of compute and memory bounds the step, split
-        between weights and KV by their bytes."""
+        """Each step's predicted time split into its terms (ms): fixed, per-sequence, weight reads, KV reads, compute.
+        Under "max" a step keeps only its bounding branch: compute, or the weight and KV reads."""
         k = self.constants
         out = pd.DataFrame({"fixed": k["fixed_ms"] + 0 * table.sequences,
                             "per-sequence": k["per_sequence_ms"] * table.sequences})
-        memory = 1.0 if self.form == "sum" else (~compute_bound(table, k)).astype(float)
         compute = 1.0 if self.form == "sum" else compute_bound(table, k).astype(float)
+        memory = 1.0 if self.form == "sum" else 1.0 - compute
         out["weight reads"] = memory * table.weight_ms
         out["KV reads"] = memory * k["kv_scale"] * (table.memory_ms - table.weight_ms)
         out["compute"] = compute * k["compute_scale"] * table.compute_ms
