@@ -22,7 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvlab import caching, prompts, slo, traffic
-from kvlab.runtime import gateway
+from kvlab.runtime import figures, gateway
 from kvlab.runtime.errors import KVLabError
 from kvlab.workload import Arrival, FollowUp, run_workload
 
@@ -328,7 +328,7 @@ def rate_sweep_figure(table: pd.DataFrame, objective: Any, knee_rps: float, sust
     fig.update_yaxes(title_text="ms", type="log", row=2, col=1)
     fig.update_xaxes(title_text="arrival rate (requests/s, Poisson)", row=2, col=1)
     fig.update_layout(title=title, height=650, legend={"orientation": "h", "y": -0.15})
-    return fig
+    return figures.place_on_log_axes(fig)
 
 
 def in_flight(runs: dict[str, pd.DataFrame], step_s: float = 0.25) -> go.Figure:

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from kvlab import outliers, roofline
 from kvlab.prompts import check_fits, distinct_prompts
+from kvlab.runtime import figures
 from kvlab.runtime.engine import close_engine, make_engine
 from kvlab.runtime.errors import KVLabError
 from kvlab.timing import PHASE_COLORS, PRECISION, generate_timed, relative_ci, request_timing
@@ -180,7 +181,7 @@ def crossover_plot(medians: pd.DataFrame, outputs: list[int], crossings: dict[in
                           annotation_text=f"{n} out: crossover ≈ {crossings[n]:,.0f} tokens", annotation_position="top left")
     fig.update_layout(title="When does prefill outweigh decode?", xaxis_title="prompt length (tokens, log)", xaxis_type="log",
                       yaxis_title="seconds", yaxis_type="log", height=420)
-    return fig
+    return figures.place_on_log_axes(fig)
 
 
 def itl_scatter(streams: pd.DataFrame) -> go.Figure:

@@ -126,7 +126,8 @@ def run_workload(llm: Any, arrivals: list[Arrival], timeout_s: float = 900.0, la
                "e2e_s": times[-1] - a.at_s, "itl_max_s": max(gaps) if gaps else float("nan"), "itl_s": gaps}
         if rid in finals and getattr(finals[rid], "metrics", None) is not None:
             eng = request_timing(finals[rid])
-            row |= {"engine_queue_s": eng["queue_s"], "engine_prefill_s": eng["prefill_s"], "preemptions": eng["preemptions"]}
+            row |= {"engine_queue_s": eng["queue_s"], "engine_prefill_s": eng["prefill_s"], "preemptions": eng["preemptions"],
+                    "cached_tokens": eng["cached_tokens"]}
         rows.append(row)
     return tokens, pd.DataFrame(rows)
 

@@ -20,7 +20,7 @@ SECOND = model.SECOND_MODEL
 ELSEWHERE = {"L02_ttft_tpot_sweep": "test_labs.py", "L03_prefix_cache_delta": "test_labs.py",
              "L04_chunked_prefill": "test_labs.py", "L05_batch_sweep": "test_labs.py",
              "L06_traffic_mix": "test_serving.py", "L07_slo_capacity": "test_capacity.py", "L08_kv_budget": "test_paged.py",
-             "L09_speculative": "test_speculative.py"}
+             "L09_speculative": "test_speculative.py", "L10_forecast": "test_forecast.py"}
 
 
 def test_every_lab_runs_on_the_second_model_here_or_in_its_own_test():

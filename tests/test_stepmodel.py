@@ -49,6 +49,10 @@ def test_a_model_keeps_its_constants_on_another_model_and_bounds_a_gpu():
     wider = ModelCost(**{**COST.__dict__, "linear_params": 2 * COST.linear_params})
     step = [stepmodel.Step(1.0, ((1, 512),) * 4)]
     assert model.for_model(wider).predict_ms(step)[0] > model.predict_ms(step)[0]
+    assert model.for_model(wider).constants == model.constants  # same layers: same machine constants
+    shallower = model.for_model(ModelCost(**{**COST.__dict__, "layers": COST.layers // 2}))
+    assert shallower.constants["fixed_ms"] == pytest.approx(model.constants["fixed_ms"] / 2)  # dispatch per layer
+    assert shallower.constants["per_sequence_ms"] == model.constants["per_sequence_ms"]
     gpu = model.with_limits(MachineLimits(989e12, 3.35e12, "bfloat16", "H100 (datasheet)", 0))
     assert gpu.constants["fixed_ms"] == 0 and 0 < gpu.predict_ms(step)[0] < model.predict_ms(step)[0] / 10
 

@@ -1,0 +1,267 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Predict, then measure — a forecast that scores itself
+#
+# The question you came with: *how many users will my model serve on this machine at my SLO, and why is my TTFT
+# high?* Lessons 01–09 answered it by measuring. This lesson answers it **before** measuring, then checks the answer.
+#
+# The forecast has two parts you have already met. **vLLM's own scheduler** (the `Scheduler` class the engine runs,
+# built from the engine's config and KV cache layout, with no weights) decides every step: which requests run, how
+# many tokens each gets, where chunked prefill cuts, which blocks are prefix-cache hits, when someone is preempted.
+# **Lesson 05's step-time model** — fixed cost, cost per sequence, FLOPs ÷ peak, bytes ÷ bandwidth — says how long each
+# such step takes. The forecast never executes the model.
+#
+# Then the discipline engineers skip: every prediction for a grid of workloads the model was **not** fitted on is
+# written to `predictions.csv` — with its time and hash — before anything in that grid runs. Only then is the grid
+# measured, and the forecast scored: median error per metric, the share of measurements inside their 80 % interval,
+# and, for every large miss, whether the step model or the schedule was wrong.
+
+# %%
+import kvlab
+
+kvlab.setup_notebook()
+env = kvlab.print_env()
+
+# %% [markdown]
+# ## 1. The engines
+#
+# One engine per configuration, reused for everything: the course model with a chunked-prefill budget of 512 tokens
+# per step (prefix caching on, vLLM's default), another budget for the chunked-prefill points (full mode), and a
+# **second model the step model is never calibrated on** — only its FLOPs and bytes change.
+
+# %%
+from kvlab import forecast, roofline, scorecard, stepmodel
+from kvlab.runtime import config
+
+sizes = scorecard.grid_sizes(kvlab.quick())  # the held-out grid's sizes (quick mode: fewer points, same kinds)
+budgets = sizes["budgets"]
+engines = {key: kvlab.make_engine(max_model_len=4096, max_num_batched_tokens=b) for key, b in budgets.items()}
+engines["second"] = kvlab.make_engine(scorecard.other_model(config.model_name()), max_model_len=4096,
+                                      max_num_batched_tokens=512)
+main = engines["main"]
+print({key: llm.kvlab_settings["model"].split("/")[-1] for key, llm in engines.items()})
+
+# %% [markdown]
+# ## 2. Calibrate the step model on this machine
+#
+# The short sweep of lesson 05 (prefills of 64–512 tokens alone; batches of 1–4 sequences at ≤ ~300 tokens of
+# context), under a minute. A fit whose median residual is above 15 % stops here with one sentence.
+
+# %%
+model = stepmodel.calibrate(main, quick=True)
+print(f"{model.form} form, {model.points} step compositions, median |residual| {model.median_abs_residual():.1%}")
+model.describe().round(4)
+
+# %% [markdown]
+# ## 3. One step on vLLM's scheduler, by hand
+#
+# Build the scheduler the engine runs from the engine's own config, hand it one request, and ask for a step. The
+# `SchedulerOutput` says how many tokens each request processes; the step model turns that composition into time.
+# The arithmetic of the "max" form, on the numbers:
+
+# %%
+from kvlab.prompts import distinct_prompts
+from kvlab.workload import Arrival
+
+setup = forecast.setup_from_engine(main)
+scheduler = forecast.new_scheduler(setup)
+tok = main.get_tokenizer()
+request = Arrival("one", distinct_prompts(tok, 700, 1, seed=3)[0], 8)
+scheduler.add_request(forecast.new_request(request, setup))
+out = scheduler.schedule()
+step = stepmodel.composition(out, 0.0)
+print("scheduled:", dict(out.num_scheduled_tokens), "— the budget is", budgets["main"], "tokens per step")
+
+# %%
+k, cost, lim = model.constants, model.cost, model.limits
+compute_ms = k["compute_scale"] * stepmodel.step_flops(cost, step) / lim.matmul_flops * 1e3
+weights_ms = cost.weights_read(step.tokens) / lim.bandwidth * 1e3
+kv_ms = k["kv_scale"] * (stepmodel.step_bytes(cost, step) / lim.bandwidth * 1e3 - weights_ms)
+hardware_ms = max(compute_ms, weights_ms + kv_ms) if model.form == "max" else compute_ms + weights_ms + kv_ms
+by_hand = k["fixed_ms"] + k["per_sequence_ms"] * len(step.sequences) + hardware_ms
+print(f"{k['fixed_ms']:.2f} fixed + {k['per_sequence_ms']:.2f} × {len(step.sequences)} sequence + hardware "
+      f"{hardware_ms:.2f} (compute {compute_ms:.2f}, weights {weights_ms:.2f} + KV {kv_ms:.2f}) = {by_hand:.2f} ms")
+assert abs(by_hand - model.step_ms(step)) < 1e-9, "the hand arithmetic and stepmodel.step_ms disagree"
+
+# %% [markdown]
+# `forecast.simulate` repeats exactly that — schedule, time the step, hand back a stand-in token, let the scheduler
+# book it — until every request is done, adding each request between steps once its arrival time has come (as the
+# engine loop of lessons 04 and 07 does). The 700-token prompt's forecast, step by step:
+
+# %%
+one = forecast.simulate(setup, [request], model)
+one.steps.head(4).round(4)
+
+# %% [markdown]
+# ## 4. The capacity question, forecast
+#
+# The traffic: chats of 320 prompt tokens and 32 output tokens arriving as a Poisson process. The SLO is set from the
+# forecast of one such request alone: TTFT p90 ≤ 3× and TPOT p90 ≤ 2× its unloaded value. The maximum sustainable
+# rate is the largest rate whose forecast meets it (bisection, each rate a full simulated run) — for several draws of
+# the arrival times, since a p90 over a few dozen requests moves with them.
+
+# %%
+objective = scorecard.relative_slo(setup, tok, model)
+rated = scorecard.capacity(setup, tok, model, objective, sizes["poisson_requests"])
+capacity = rated["rate"]
+print(f"SLO: {objective.describe()}; forecast maximum sustainable rate: {capacity:.2f} req/s "
+      f"(80 % of arrival draws: {rated['lo80']:.2f}–{rated['hi80']:.2f})")
+
+# %% [markdown]
+# ## 5. Write every prediction down — before anything runs
+#
+# The held-out grid: prompt lengths and batch sizes the calibration never had, a long prompt arriving while three
+# requests decode (at each chunked-prefill budget), shared-prefix traffic with prefix caching on, Poisson arrivals at
+# fractions of the forecast capacity (one above it), and the second model. Each prediction carries an 80 % interval:
+# constants drawn from their fitted uncertainty, and a whole-run factor drawn from the errors the model made on its
+# own steps.
+
+# %%
+setups = {key: forecast.setup_from_engine(llm) for key, llm in engines.items()}
+models = {key: model for key in budgets} | {"second": model.for_model(roofline.engine_cost(engines["second"]))}
+grid = scorecard.held_out_grid({key: llm.get_tokenizer() for key, llm in engines.items()}, capacity, **sizes)
+predictions, central = scorecard.predict_grid(grid, setups, models)
+out_dir = config.build_dir() / "forecast" / "lesson10"
+stamp = scorecard.write_predictions(predictions, grid, out_dir)
+print(f"{len(grid)} points, {len(predictions)} predictions written at {stamp['written_at']} — sha256 {stamp['sha256'][:16]}…")
+predictions.head(8).round(2)
+
+# %% [markdown]
+# ## 6. Measure the grid
+#
+# The measuring cell checks that `predictions.csv` exists, is unchanged since it was written, and predicts *this*
+# grid — otherwise it refuses. (Here it is asked first for a folder with no predictions.)
+
+# %%
+try:
+    scorecard.measure_grid(engines, grid, out_dir / "nothing-here")
+except kvlab.KVLabError as refused:
+    print("Refused:", refused)
+
+# %%
+import time
+
+started = time.time()
+measured = scorecard.measure_grid(engines, grid, out_dir)
+assert stamp["written_unix"] < started, "predictions must be on disk before the first point runs"
+print(f"measured {len(measured)} points, starting {started - stamp['written_unix']:.1f} s after the predictions were written")
+
+# %% [markdown]
+# ## 7. The scorecard
+#
+# Per metric: the median |error| (predicted ÷ measured − 1; for the prefix-cache hit rate, the difference in points)
+# and the share of measurements inside their 80 % interval. KV blocks in use are vLLM's own allocation, so where all
+# requests arrive at once the forecast should be exact to the block.
+
+# %%
+card = scorecard.score(predictions, measured)
+card.to_csv(out_dir / "scorecard.csv", index=False)
+board = scorecard.summary(card)
+board.round(3)
+
+# %% tags=["key-figure"]
+scorecard.scatter(card)
+
+# %% [markdown]
+# Each point's 80 % interval is the vertical bar; the dashed line is a perfect forecast.
+
+# %%
+blocks = card[card.metric == "peak_blocks"]
+tpot_error = float(card[card.metric.str.startswith("tpot")].error.abs().median())
+coverage = float(card.inside.mean())
+print(f"KV blocks in use: {int((blocks.predicted == blocks.measured).sum())} of {len(blocks)} points exact; "
+      f"median |TPOT error| {tpot_error:.0%}; {coverage:.0%} of measurements inside their 80 % interval")
+assert (blocks.predicted == blocks.measured).all(), blocks[["point", "predicted", "measured"]]
+assert tpot_error <= kvlab.pick(0.15, 0.20), f"median |TPOT error| {tpot_error:.0%}"
+
+# %% [markdown]
+# Did the forecast call the SLO right? Each Poisson point's forecast and its measured run are judged the same way
+# (p90 of each objective after the first 20 % of requests; a ratio ≤ 1 meets), and each side's maximum sustainable
+# rate is interpolated from its points as lesson 07 does.
+
+# %%
+calls, sustainable = scorecard.capacity_check(grid, measured, central, objective)
+print(f"maximum sustainable rate over these points: forecast {sustainable['predicted']['rate']}, measured "
+      f"{sustainable['measured']['rate']} req/s (error {sustainable['error']:+.0%})")
+calls.round(3)
+
+# %% [markdown]
+# ## 8. Where the misses came from
+#
+# For every point-metric off by more than 15 %: the step model's error on that point's **own measured steps** (their
+# recorded compositions, predicted, against their recorded durations) and the term that dominates them, beside the
+# schedule — steps, prefix-cache hits and preemptions, forecast against engine. A miss mostly explained by the step
+# error is a step-time miss; otherwise the schedule differed (or the machine was busy in a way no step shows).
+
+# %%
+engine_of = {p.name: p.engine for p in grid}
+budget = scorecard.error_budget(card, measured, central, models, engine_of)
+budget.round(3) if len(budget) else print("No point-metric missed by more than 15 %.")
+
+# %% [markdown]
+# ## 9. Why is my TTFT high?
+#
+# At the rate above the forecast capacity, each request's TTFT split three ways: **queue** (arrived, not yet scheduled),
+# its **own prefill** (what its prompt costs alone), and **shared steps** (its prefill steps also carried other
+# requests' tokens — decodes, other prefills). Measured from the engine's own per-request timestamps (queued,
+# scheduled, first token), next to the forecast's split.
+
+# %%
+over = max((p for p in grid if p.kind == "poisson"), key=lambda p: p.rate_rps)
+alone = scorecard.unloaded(tok, scorecard.POISSON_PROMPT, 4, seed=5)
+alone_prefill = float(scorecard.measure_point(main, alone)[0].engine_prefill_s.median())
+split = scorecard.ttft_split(measured[over.name][0], central[over.name].requests, alone_prefill)
+scorecard.ttft_split_figure(split, f"TTFT parts at {over.rate_rps:.2f} req/s ({over.name})")
+
+# %%
+parts = split.groupby("side")[["queue", "own prefill", "shared steps"]].mean() * 1e3
+parts.round(1)
+
+# %% [markdown]
+# ## Summary
+#
+# Written from this run's numbers:
+
+# %%
+from IPython.display import Markdown
+
+ttft_error = float(card[card.metric.str.startswith("ttft")].error.abs().median())
+right_calls = f"{int(calls.right.sum())} of {len(calls)}"
+rate_words = {side: "below the lowest rate measured" if r["rate"] is None else
+              f"{r['rate']:.2f} req/s" + (" or more" if r["at_least"] else "") for side, r in sustainable.items() if side != "error"}
+worst = card.loc[card.error.abs().idxmax()]
+biggest = parts.loc["measured"].idxmax()
+Markdown(f"""
+- The step model ({model.form} form, {len(model.constants)} constants) was fitted on {model.points} step compositions;
+  vLLM's scheduler, driven with those step times, forecast {len(grid)} held-out points and {len(predictions)} numbers,
+  written at {stamp['written_at']} before anything ran.
+- Median |error|: TPOT **{tpot_error:.0%}**, TTFT **{ttft_error:.0%}**; {coverage:.0%} of measurements fell inside their
+  80 % interval. KV blocks in use: exact at {int((blocks.predicted == blocks.measured).sum())} of {len(blocks)} points.
+- The forecast capacity at *{objective.describe()}* was {capacity:.2f} req/s (arrival draws: {rated['lo80']:.2f}–{rated['hi80']:.2f}).
+  Over the measured rates the maximum sustainable rate was {rate_words['measured']}, the forecast of the same points
+  said {rate_words['predicted']}; met or missed was called right at {right_calls} rates.
+- The largest miss: {worst.metric} at "{worst.point}", predicted {worst.predicted:.1f}, measured {worst.measured:.1f}.
+- At {over.rate_rps:.2f} req/s the largest part of the measured TTFT was **{biggest}** ({parts.loc['measured', biggest]:.0f} ms
+  of {parts.loc['measured'].sum():.0f} ms on average; forecast {parts.loc['forecast'].sum():.0f} ms).
+""")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Change the SLO to TTFT p90 ≤ 2× unloaded. Predict the new capacity, write it down, then measure two rates around it.
+# 2. Forecast the same Poisson traffic with `max_num_batched_tokens=256` (a new engine's `setup_from_engine`). Which
+#    TTFT part grows, and why?
+# 3. Pick the point with the largest miss. Is it a step-time miss or a schedule miss? Plot its measured steps'
+#    durations against `model.predict_ms` of the same steps.
+# 4. Calibrate on the second model and forecast the first. Do the constants move? Which one would you expect to?
+
+# %%
+for llm in engines.values():
+    kvlab.close_engine(llm)

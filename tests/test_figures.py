@@ -1,0 +1,34 @@
+"""Figures on log axes: a line's label sits at its line, not orders of magnitude beyond the data."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from kvlab import loadtest, prefill_decode, slo
+from kvlab.runtime import figures
+
+
+def test_a_label_on_a_log_axis_is_placed_at_log10_once():
+    fig = go.Figure(go.Scatter(x=[1, 10], y=[10, 1000]))
+    fig.add_hline(y=500, annotation_text="SLO 500 ms")
+    fig.add_vline(x=4, annotation_text="knee")
+    fig.update_layout(yaxis_type="log")
+    figures.place_on_log_axes(figures.place_on_log_axes(fig))  # twice: converted once
+    hline, vline = fig.layout.annotations
+    assert math.isclose(hline.y, math.log10(500)) and vline.x == 4  # the x axis is linear: left alone
+
+
+def test_lesson_figures_keep_their_labels_within_the_data():
+    table = pd.DataFrame({"rate_rps": [0.5, 1.0, 2.0], "throughput_rps": [0.5, 1.0, 1.4], "goodput_rps": [0.5, 0.9, 0.2],
+                          "ttft_p50_ms": [200, 300, 4000], "ttft_p95_ms": [300, 500, 9000], "tpot_p95_ms": [40, 60, 90]})
+    objective = slo.SLO(ttft_ms=800, tpot_ms=80)
+    fig = loadtest.rate_sweep_figure(table, objective, 1.0, {"rate": 1.2, "at_least": False})
+    ys = [a.y for a in fig.layout.annotations if a.text and "SLO" in a.text]
+    assert ys and all(1 < y < 5 for y in ys), ys  # log10 of 80 and 800 ms, not 80 and 800
+    medians = pd.DataFrame({"prompt_tokens": [64, 512, 4096], "prefill_s": [0.05, 0.4, 4.0], "tpot_s": [0.05, 0.05, 0.06]})
+    fig = prefill_decode.crossover_plot(medians, [16], {16: 600.0})
+    xs = [a.x for a in fig.layout.annotations if a.text and "crossover" in a.text]
+    assert xs == [math.log10(600.0)]

@@ -1,0 +1,181 @@
+"""The forecast on vLLM's own scheduler and lesson 10's scorecard: pure logic on small tables, then — on the real
+engine — the forecast's steps equal the engine's step for step (compositions, KV blocks, prefix hits), and a grid is
+measured only after its predictions are on disk."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvlab import forecast, scorecard, stepmodel
+from kvlab.runtime.errors import KVLabError
+from kvlab.workload import Arrival
+from tests.test_stepmodel import COST, LIMITS, MAX
+
+MODEL = stepmodel.StepModel("max", MAX, dict.fromkeys(MAX, 0.01), LIMITS, COST, residuals=[-0.02, 0.01, 0.03])
+
+
+def test_one_step_costs_the_same_with_or_without_a_table():
+    steps = [stepmodel.Step(0.0, ((512, 0),)), stepmodel.decode_step(8, 1024), stepmodel.Step(0.0, ((256, 512), (1, 90)))]
+    for form in ("max", "sum"):
+        m = stepmodel.StepModel(form, MAX, {}, LIMITS, COST)
+        assert np.allclose([m.step_ms(s) for s in steps], m.predict_ms(steps))
+
+
+def test_drawn_models_scatter_around_the_fit_by_its_own_errors():
+    drawn = forecast.draws(MODEL, 200, seed=1)
+    fixed = [m.constants["fixed_ms"] for m, _ in drawn]
+    assert abs(np.mean(fixed) - MAX["fixed_ms"]) < 0.01 and 0.005 < np.std(fixed) < 0.02
+    scales = {round(s, 6) for _, s in drawn}
+    assert scales <= {round(1 / (1 + r), 6) for r in MODEL.residuals}  # a whole-run factor from the model's own misses
+
+
+def requests_table(ttft_ms: list[float]) -> pd.DataFrame:
+    n = len(ttft_ms)
+    return pd.DataFrame({"ttft_s": np.array(ttft_ms) / 1e3, "tpot_s": [0.05] * n, "e2e_s": [1.0] * n,
+                         "arrival_s": np.arange(n, dtype=float), "last_token_s": np.arange(n) + 1.0,
+                         "output_tokens": [10] * n, "prompt_tokens": [100] * n, "cached_tokens": [50] * n,
+                         "preemptions": [0] * n})
+
+
+def test_point_metrics_are_percentiles_throughput_and_hit_rate():
+    m = forecast.point_metrics(requests_table([100, 200, 300, 400, 500]))
+    assert m["ttft_p50_ms"] == pytest.approx(300) and m["ttft_p90_ms"] == pytest.approx(460)
+    assert m["throughput_tok_s"] == pytest.approx(50 / 5) and m["hit_rate"] == pytest.approx(0.5)
+
+
+def fake_grid() -> list[scorecard.GridPoint]:
+    return [scorecard.GridPoint("a", "batch", "main", [Arrival("a1", [1, 2, 3], 4, 0.0)]),
+            scorecard.GridPoint("b", "poisson", "main", [Arrival("b1", [4, 5], 4, 0.5)], rate_rps=2.0)]
+
+
+def test_measuring_is_refused_without_predictions_after_an_edit_or_for_another_grid(tmp_path):
+    grid = fake_grid()
+    with pytest.raises(KVLabError, match="No predictions"):
+        scorecard.check_predictions(grid, tmp_path)
+    table = pd.DataFrame([{"point": "a", "metric": "tpot_p50_ms", "predicted": 50.0, "lo80": 45.0, "hi80": 55.0}])
+    stamp = scorecard.write_predictions(table, grid, tmp_path)
+    assert scorecard.check_predictions(grid, tmp_path)["sha256"] == stamp["sha256"]
+    other = fake_grid()
+    other[1].arrivals[0].at_s = 0.6
+    with pytest.raises(KVLabError, match="another grid"):
+        scorecard.check_predictions(other, tmp_path)
+    (tmp_path / "predictions.csv").write_text((tmp_path / "predictions.csv").read_text().replace("50.0", "40.0"))
+    with pytest.raises(KVLabError, match="changed after"):
+        scorecard.check_predictions(grid, tmp_path)
+    assert json.loads((tmp_path / "predictions.json").read_text())["points"] == 2
+
+
+def test_the_scorecard_scores_errors_and_intervals():
+    predictions = pd.DataFrame([
+        {"point": "a", "kind": "batch", "metric": "ttft_p50_ms", "predicted": 330.0, "lo80": 290.0, "hi80": 350.0},
+        {"point": "a", "kind": "batch", "metric": "hit_rate", "predicted": 0.52, "lo80": 0.52, "hi80": 0.52}])
+    steps = pd.DataFrame({"blocks_used": [3, 5, 4]})
+    card = scorecard.score(predictions, {"a": (requests_table([100, 200, 300, 400, 500]), steps)})
+    assert card.error.tolist() == pytest.approx([0.1, 0.02]) and card.inside.tolist() == [True, False]
+    board = scorecard.summary(card).set_index("metric")
+    assert board.loc["ttft_p50_ms", "median_abs_error"] == pytest.approx(0.1)
+
+
+class ByteTokenizer:
+    """Enough of a tokenizer for ``kvlab.prompts``: one token per byte of the course text."""
+
+    name_or_path = "bytes"
+
+    def __len__(self) -> int:
+        return 256
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode())
+
+
+def test_an_error_budget_with_no_miss_still_has_its_columns(tmp_path):
+    card = pd.DataFrame([{"point": "a", "metric": "tpot_p50_ms", "error": 0.03}])
+    budget = scorecard.error_budget(card, {}, {}, {}, {})
+    assert budget.empty and {"point", "step_model_error", "came_from"} <= set(budget.columns)
+    budget.to_csv(tmp_path / "b.csv", index=False)
+    assert list(pd.read_csv(tmp_path / "b.csv").columns) == list(budget.columns)  # what the exercises read back
+
+
+def test_every_grid_point_is_held_out_of_the_calibration():
+    calibrated = {(p.batch, p.prompt_tokens) for p in stepmodel.calibration_points(True) + stepmodel.calibration_points(False)}
+    toks = dict.fromkeys(("main", "budget 256", "second"), ByteTokenizer())
+    for quick, least in ((True, 8), (False, 30)):
+        grid = scorecard.held_out_grid(toks, 2.0, **scorecard.grid_sizes(quick))
+        assert len(grid) >= least, len(grid)
+        assert len({p.name for p in grid}) == len(grid)
+        shapes = {(len(p.runs()[0]), len(p.arrivals[0].prompt_ids)) for p in grid}
+        assert not shapes & calibrated, shapes & calibrated
+        rates = sorted(p.rate_rps / 2.0 for p in grid if p.kind == "poisson")
+        assert rates[0] >= 0.25 and any(r > 1 for r in rates)  # below the forecast capacity, and one above it
+
+
+@pytest.mark.engine
+def test_the_forecast_takes_the_engines_steps_exactly(engine):
+    """A closed batch and a shared-prefix batch (all arrivals at once, so the schedule does not depend on time):
+    the forecast's compositions, KV blocks in use and prefix-cache hits equal the engine's, step for step."""
+    from kvlab.prompts import distinct_prompts, shared_prefix_prompts
+
+    tok = engine.get_tokenizer()
+    setup = forecast.setup_from_engine(engine)
+    cases = {"batch": [Arrival(f"b{i}", p, 12, 0.0) for i, p in enumerate(distinct_prompts(tok, 300, 6, seed=4))],
+             "prefix": [Arrival(f"p{i}", p, 6, 0.0) for i, p in enumerate(shared_prefix_prompts(tok, 400, 40, 5, seed=5))]}
+    for name, arrivals in cases.items():
+        predicted = forecast.simulate(setup, arrivals, MODEL)
+        requests, steps = scorecard.measure_point(engine, scorecard.GridPoint(name, "batch", "main", arrivals))
+        real = [tuple(sorted(s.sequences)) for s in steps.attrs["steps"]]
+        assert real == predicted.steps.composition.tolist(), name
+        assert steps.blocks_used.tolist() == predicted.steps.blocks_used.tolist(), name
+        assert sorted(requests.cached_tokens) == sorted(predicted.requests.cached_tokens), name
+        assert (predicted.requests.output_tokens == arrivals[0].max_tokens).all()
+    assert predicted.requests.cached_tokens.max() >= 384  # the prefix case did hit: 3 of its blocks of 128
+
+
+@pytest.mark.engine
+def test_a_request_that_cannot_fit_is_refused_in_one_sentence(engine):
+    setup = forecast.setup_from_engine(engine)
+    too_long = Arrival("huge", [1] * setup.max_model_len, 8, 0.0)
+    with pytest.raises(KVLabError, match="context"):
+        forecast.simulate(setup, [too_long], MODEL)
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"budgets": [512, 512]}, "parameter budgets lists a value twice"),
+    ({"ttft_slo_x": 1.0}, "must be above 1"),
+    ({"rate_fractions": [0.0, 1.2]}, "parameter rate_fractions must be positive, got 0"),
+])
+def test_lab_l10_bad_input_is_one_sentence_naming_the_parameter(given, message):
+    from kvlab.course import labs
+
+    with pytest.raises(KVLabError, match="Lab L10_forecast: .*" + message):
+        labs.validate("L10_forecast", given)
+
+
+@pytest.mark.notebook
+def test_lab_l10_writes_predictions_before_its_scorecard(tmp_path, second_model):
+    """Lab L10 headless on the second model (the lab's one CI run, see tests/test_second_model.py), with the course
+    model as the one never calibrated on: predictions stamped before the measured scorecard, KV blocks exact, every
+    table the exercises read. Forecast accuracy on the course model is asserted by lesson 10."""
+    from kvlab.course import exercises, labs
+    from kvlab.runtime import kernels
+    from kvlab.runtime.model import SECOND_MODEL
+
+    out = tmp_path / "out"
+    params = {"budgets": [512], "prompt_lengths": [768], "batch_sizes": [8], "long_prompts": [1024], "prefixes": [512],
+              "rate_fractions": [0.5, 1.25], "poisson_requests": 12, "output_tokens": 12, "model": SECOND_MODEL,
+              "output_dir": str(out)}
+    kernels.execute(str(labs.lab_path("L10_forecast")), str(tmp_path / "run.ipynb"), cwd=str(labs.LAB_DIR),
+                    parameters=params)
+    stamp = json.loads((out / "predictions.json").read_text())
+    meta = json.loads((out / "metadata.json").read_text())
+    assert stamp["written_unix"] < (out / "results.csv").stat().st_mtime and meta["engine"]["predictions"] == stamp
+    card = pd.read_parquet(out / "results.parquet")
+    assert {"metric", "point", "held_out", "predicted", "measured", "lo80", "hi80"} <= set(card.columns)
+    blocks = card[card.metric == "peak_blocks"]
+    assert len(blocks) and (blocks.predicted == blocks.measured).all(), blocks
+    assert set(card.kind) >= {"unloaded", "batch", "chunked", "prefix", "poisson", "second model"}
+    assert len(pd.read_csv(out / "capacity.csv")) == 2 and meta["parameters"]["model"] == SECOND_MODEL
+    assert len(exercises.solve("L10", out)) == 3
