@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvlab import slo
+from kvlab.roofline import MachineLimits, ModelCost
 from kvlab.runtime.errors import KVLabError
 from kvlab.stepmodel import Step, StepModel, composition
 from kvlab.workload import Arrival
@@ -197,6 +198,56 @@ def simulate(setup: Setup, arrivals: list[Arrival], model: StepModel, scale: flo
         if len(ledger.steps) > max_steps:
             raise KVLabError(f"The forecast passed {max_steps:,} steps without finishing; forecast fewer requests.")
     return Forecast(ledger.requests(arrivals, reqs), pd.DataFrame(ledger.steps))
+
+
+#: Assumed, not measured: what a GPU decode step costs beyond its FLOPs and bytes — vLLM's scheduling, sampling and
+#: output processing on the host, kernels launched from CUDA graphs — in ms. A stated guess the learner can change.
+GPU_FIXED_MS = 1.0
+
+
+def paper_model(model: StepModel, limits: MachineLimits | None, cost: ModelCost,
+                fixed_ms: float = GPU_FIXED_MS) -> StepModel:
+    """The step model on a GPU on paper: the datasheet's peaks (``limits``), ``cost``'s FLOPs and bytes, no fitted
+    overheads (the roofline's max of compute and memory) plus the stated ``fixed_ms`` per step."""
+    if not isinstance(limits, MachineLimits) or not limits.matmul_flops > 0 or not limits.bandwidth > 0:
+        raise KVLabError("A GPU forecast needs the GPU's peak matmul FLOP/s and memory bandwidth: pass a "
+                         "roofline.MachineLimits (e.g. roofline.H100_SXM_BF16) as limits.")
+    bound = model.with_limits(limits).for_model(cost)
+    bound.constants = bound.constants | {"fixed_ms": fixed_ms}
+    return bound
+
+
+def kv_tokens_on(memory_gib: float, cost: ModelCost, utilization: float = 0.9, activations_gib: float = 2.0) -> int:
+    """Tokens of KV a GPU of ``memory_gib`` holds for ``cost``'s model: vLLM's share of memory (``utilization``,
+    its ``gpu_memory_utilization`` default) less the weights and an allowance for activations, ÷ bytes per token."""
+    free = memory_gib * 2**30 * utilization - cost.weights_read(1) - activations_gib * 2**30
+    if free <= 0:
+        raise KVLabError(f"{memory_gib:g} GiB does not hold this model's weights ({cost.weights_read(1) / 2**30:.1f} GiB) "
+                         "with room for a KV cache; choose a larger GPU or a smaller model.")
+    return int(free // cost.kv_bytes_per_token)
+
+
+def paper_setup(base: Setup, kv_tokens: int, block_size: int = 16, max_num_batched_tokens: int = 8192,
+                max_num_seqs: int = 256, max_model_len: int = 8192) -> Setup:
+    """``base``'s scheduler with a GPU's settings — KV pool of ``kv_tokens`` in ``block_size``-token blocks, token
+    budget, ``max_num_seqs`` — for a forecast on paper: vLLM's scheduling rules, another machine's sizes."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    config = copy.deepcopy(base.vllm_config)
+    config.scheduler_config.max_num_batched_tokens = max_num_batched_tokens
+    config.scheduler_config.max_num_seqs = max_num_seqs
+    config.scheduler_config.max_model_len = config.model_config.max_model_len = max_model_len
+    config.cache_config.block_size = block_size
+    kv = copy.deepcopy(base.kv_cache_config)
+    kv.num_blocks = kv_tokens // block_size + 1  # + vLLM's null block
+    for group in kv.kv_cache_groups:
+        group.kv_cache_spec = replace(group.kv_cache_spec, block_size=block_size)
+    hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return Setup(config, kv, block_size, block_size, get_request_block_hasher(block_size, hash_fn), max_model_len,
+                 {"on paper": True, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
+                  "max_num_seqs": max_num_seqs})
 
 
 def draws(model: StepModel, count: int, seed: int = 0) -> list[tuple[StepModel, float]]:

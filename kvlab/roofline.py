@@ -138,6 +138,8 @@ def best_of(*measurements: MachineLimits) -> MachineLimits:
 #: One GPU's datasheet peaks, to set this machine's numbers against: NVIDIA H100 SXM, dense bf16 tensor-core FLOP/s
 #: (989.4 TFLOP/s, no sparsity) and HBM3 bandwidth (3.35 TB/s).
 H100_SXM_BF16 = MachineLimits(989.4e12, 3.35e12, "bfloat16", "NVIDIA H100 SXM (datasheet)", 0)
+#: NVIDIA A100 40GB SXM: dense bf16 tensor-core FLOP/s (312 TFLOP/s) and HBM2 bandwidth (1.555 TB/s), datasheet.
+A100_40GB_BF16 = MachineLimits(312e12, 1.555e12, "bfloat16", "NVIDIA A100 40GB SXM (datasheet)", 0)
 
 
 def ridge_point(limits: MachineLimits) -> float:

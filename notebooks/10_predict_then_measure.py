@@ -37,7 +37,10 @@ env = kvlab.print_env()
 # **second model the step model is never calibrated on** — only its FLOPs and bytes change.
 
 # %%
-from kvlab import forecast, roofline, scorecard, stepmodel
+import numpy as np
+import pandas as pd
+
+from kvlab import forecast, roofline, scorecard, slo, stepmodel
 from kvlab.runtime import config
 
 sizes = scorecard.grid_sizes(kvlab.quick())  # the held-out grid's sizes (quick mode: fewer points, same kinds)
@@ -225,6 +228,64 @@ parts = split.groupby("side")[["queue", "own prefill", "shared steps"]].mean() *
 parts.round(1)
 
 # %% [markdown]
+# ## 10. Beyond this machine, on paper
+#
+# The same forecast for Llama-3.1-8B on two GPUs: vLLM's scheduler with a GPU's sizes (16-token blocks, a KV pool of
+# what 90 % of the GPU's memory holds after the weights, a budget of 8,192 tokens per step, 256 sequences), and the
+# step model with the datasheet's peaks and **no fitted overheads** — only a stated guess of
+# `forecast.GPU_FIXED_MS` per step for the host's work. Nothing here was measured on a GPU; one published
+# measurement is set beside it: Llama-3.1-8B-Instruct in bf16 on an A100 40GB, vLLM 0.23, 1,024 tokens in and 128
+# out — "about 75 tokens/sec" at one request, and 6.6× that throughput at 8
+# (johnmusgrave.com/p/vllm-throughput-latency-sweep-on).
+
+# %%
+from kvlab import sizing
+
+llama8b = roofline.ModelCost.from_config(sizing.load_preset("Llama-3.1-8B")["config"], 2, 2 * 32 * 8 * 128 * 2)
+gpus = {"A100 40GB": (roofline.A100_40GB_BF16, 40), "H100 80GB": (roofline.H100_SXM_BF16, 80)}
+paper = []
+for name, (limits, gib) in gpus.items():
+    gpu_setup = forecast.paper_setup(setup, forecast.kv_tokens_on(gib, llama8b))
+    gpu_model = forecast.paper_model(model, limits, llama8b)
+    for batch in (1, 8, 32):
+        arrivals = [Arrival(f"{name} {i}", p, 128, 0.0) for i, p in enumerate(distinct_prompts(tok, 1024, batch, seed=200))]
+        tpot = float(forecast.simulate(gpu_setup, arrivals, gpu_model).requests.tpot_s.median())
+        paper.append({"GPU": name, "batch": batch, "TPOT p50 (ms)": tpot * 1e3, "output tok/s": batch / tpot})
+paper = pd.DataFrame(paper)
+paper.round(1)
+
+# %%
+a100 = paper[paper.GPU == "A100 40GB"].set_index("batch")["output tok/s"]
+published = {1: 75.0, 8: 6.6 * 75.0}
+for batch, tok_s in published.items():
+    print(f"A100, batch {batch}: forecast {a100[batch]:.0f} tok/s, published ≈ {tok_s:.0f} tok/s "
+          f"({a100[batch] / tok_s - 1:+.0%})")
+
+# %% [markdown]
+# And the capacity question on paper, for the H100: chats of 1,024 tokens in and 128 out arriving as a Poisson
+# process, under TTFT p90 ≤ 500 ms and TPOT p90 ≤ 50 ms. Each rate sends the requests of a fixed window of time, so a
+# backlog has time to build (a short burst "meets" any SLO), and the search stops at the compute bound: every
+# prompt's FLOPs ÷ the peak.
+
+# %%
+gpu_slo = slo.SLO(ttft_ms=500, tpot_ms=50, percentile=90)
+window_s = kvlab.pick(10.0, 5.0)
+
+
+def gpu_arrivals(rate: float) -> list[Arrival]:
+    prompts = distinct_prompts(tok, 1024, max(60, int(rate * window_s)), seed=300)
+    gaps = np.random.default_rng(1).exponential(1 / rate, len(prompts))
+    return [Arrival(f"chat {i}", p, 128, float(t)) for i, (p, t) in enumerate(zip(prompts, np.cumsum(gaps) - gaps[0], strict=True))]
+
+
+h100, h100_gib = gpus["H100 80GB"]
+compute_bound_rps = h100.matmul_flops / (2 * llama8b.linear_params * (1024 + 128))  # matmul FLOPs alone: an upper bound
+h100_rate = forecast.max_rate(forecast.paper_setup(setup, forecast.kv_tokens_on(h100_gib, llama8b)), gpu_arrivals,
+                              forecast.paper_model(model, h100, llama8b), gpu_slo, 1.0, compute_bound_rps, iters=5)
+print(f"H100, Llama-3.1-8B: forecast maximum sustainable rate {h100_rate:.1f} req/s at {gpu_slo.describe()} "
+      f"(compute bound {compute_bound_rps:.0f} req/s)")
+
+# %% [markdown]
 # ## Summary
 #
 # Written from this run's numbers:
@@ -248,6 +309,12 @@ Markdown(f"""
   Over the measured rates the maximum sustainable rate was {rate_words['measured']}, the forecast of the same points
   said {rate_words['predicted']}; met or missed was called right at {right_calls} rates.
 - The largest miss: {worst.metric} at "{worst.point}", predicted {worst.predicted:.1f}, measured {worst.measured:.1f}.
+- On paper (datasheet peaks, {forecast.GPU_FIXED_MS:g} ms per step assumed): Llama-3.1-8B at batch 1 on an A100 40GB
+  {a100[1]:.0f} tok/s against the published ≈ 75 ({a100[1] / 75 - 1:+.0%}); at batch 8 {a100[8]:.0f} against ≈ {6.6 * 75:.0f}
+  ({a100[8] / (6.6 * 75) - 1:+.0%}): datasheet peaks are not reached, so on paper the forecast is optimistic. On an H100,
+  TPOT at batch 1 and 32: {paper.set_index(["GPU", "batch"]).loc[("H100 80GB", 1), "TPOT p50 (ms)"]:.1f} and
+  {paper.set_index(["GPU", "batch"]).loc[("H100 80GB", 32), "TPOT p50 (ms)"]:.1f} ms; maximum sustainable rate at
+  *{gpu_slo.describe()}* {h100_rate:.1f} req/s — not measured here.
 - At {over.rate_rps:.2f} req/s the largest part of the measured TTFT was **{biggest}** ({parts.loc['measured', biggest]:.0f} ms
   of {parts.loc['measured'].sum():.0f} ms on average; forecast {parts.loc['forecast'].sum():.0f} ms).
 """)

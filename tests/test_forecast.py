@@ -134,6 +134,31 @@ def test_the_forecast_takes_the_engines_steps_exactly(engine):
     assert predicted.requests.cached_tokens.max() >= 384  # the prefix case did hit: 3 of its blocks of 128
 
 
+def test_a_gpu_forecast_needs_its_limits_and_a_gpu_that_holds_the_model():
+    with pytest.raises(KVLabError, match="needs the GPU's peak matmul FLOP/s and memory bandwidth"):
+        forecast.paper_model(MODEL, None, COST)
+    gpu = forecast.paper_model(MODEL, LIMITS, COST, fixed_ms=1.5)
+    assert gpu.constants == {"fixed_ms": 1.5, "per_sequence_ms": 0.0, "compute_scale": 1.0, "kv_scale": 1.0}
+    tokens = forecast.kv_tokens_on(80, COST)  # 90 % of 80 GiB, less the weights and 2 GiB, ÷ bytes per token
+    assert tokens == int((80 * 2**30 * 0.9 - COST.weights_read(1) - 2 * 2**30) // COST.kv_bytes_per_token)
+    with pytest.raises(KVLabError, match="does not hold this model's weights"):
+        forecast.kv_tokens_on(0.1, COST)
+
+
+@pytest.mark.engine
+def test_a_paper_setup_schedules_with_the_gpus_blocks_and_budget(engine):
+    """vLLM's scheduler with 16-token blocks and a 256-token budget: four 100-token prompts (all admitted by the
+    second step) hold 7 blocks each, and no step schedules more than 256 tokens."""
+    from kvlab.prompts import distinct_prompts
+
+    setup = forecast.paper_setup(forecast.setup_from_engine(engine), kv_tokens=16 * 1000, block_size=16,
+                                 max_num_batched_tokens=256, max_num_seqs=8, max_model_len=2048)
+    arrivals = [Arrival(f"g{i}", p, 6, 0.0) for i, p in enumerate(distinct_prompts(engine.get_tokenizer(), 100, 4, seed=6))]
+    run = forecast.simulate(setup, arrivals, MODEL)
+    assert setup.num_blocks == 1001 and run.steps.tokens.max() <= 256 and len(run.steps) > 6
+    assert run.steps.blocks_used.max() == 4 * 7 and (run.requests.output_tokens == 6).all()
+
+
 @pytest.mark.engine
 def test_a_request_that_cannot_fit_is_refused_in_one_sentence(engine):
     setup = forecast.setup_from_engine(engine)
