@@ -282,6 +282,11 @@ def point_metrics(requests: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def run_metrics(requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
+    """``point_metrics`` and the peak KV blocks in use over the run's steps: what is predicted and measured per point."""
+    return point_metrics(requests) | {"peak_blocks": float(steps.blocks_used.max())}
+
+
 @dataclass
 class Prediction:
     """A forecast with its 80 % interval: the central run (fitted constants), and per metric the 10th and 90th
@@ -304,7 +309,7 @@ def predict(setup: Setup, runs: list[list[Arrival]], model: StepModel, samples: 
     """The central forecast of ``runs`` (each a list of arrivals run on an idle engine) and an 80 % interval of every
     ``point_metrics`` value from ``samples`` drawn models."""
     central = simulate_runs(setup, runs, model)
-    metrics = point_metrics(central.requests) | {"peak_blocks": float(central.steps.blocks_used.max())}
+    metrics = run_metrics(central.requests, central.steps)
     drawn = [point_metrics(simulate_runs(setup, runs, m, scale).requests) for m, scale in draws(model, samples, seed)]
     table = pd.DataFrame(drawn)
     lo = {k: float(min(table[k].quantile(0.1), metrics[k])) for k in table}

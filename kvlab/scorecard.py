@@ -29,7 +29,7 @@ from kvlab.runtime import config
 from kvlab.runtime.errors import KVLabError
 from kvlab.runtime.randomweights import SECOND_MODEL
 from kvlab.stepmodel import StepModel, StepRecorder
-from kvlab.workload import Arrival, run_workload
+from kvlab.workload import Arrival, poisson_arrivals, run_workload
 
 #: Metrics scored per kind of point (peak KV blocks only where every request arrives at once: its timing is exact).
 METRICS = {
@@ -101,13 +101,13 @@ def shared_prefix(tok: Any, prefix: int, requests: int, gap_s: float, seed: int)
 
 
 def poisson(tok: Any, rate: float, requests: int, fraction: float, seed: int) -> GridPoint:
-    """``requests`` chats (``POISSON_PROMPT`` tokens in, ``POISSON_OUTPUT`` out) arriving as a Poisson process."""
-    rng = np.random.default_rng(seed)
-    gaps = np.concatenate([[0.0], rng.exponential(1.0 / rate, requests - 1)])
-    ids = distinct_prompts(tok, POISSON_PROMPT, requests, seed=seed)
+    """``requests`` chats (``POISSON_PROMPT`` tokens in, ``POISSON_OUTPUT`` out) arriving as a Poisson process
+    (``workload.poisson_arrivals``: the same seed gives the same gaps, scaled by the rate)."""
     name = f"Poisson {fraction:.0%} of capacity"
-    return GridPoint(name, "poisson", "main", [Arrival(f"{name} #{i + 1}", p, POISSON_OUTPUT, float(t))
-                                               for i, (p, t) in enumerate(zip(ids, np.cumsum(gaps), strict=True))], rate)
+    arrivals = poisson_arrivals(tok, requests, rate, POISSON_PROMPT, POISSON_OUTPUT, seed=seed)
+    for i, a in enumerate(arrivals):
+        a.label = f"{name} #{i + 1}"
+    return GridPoint(name, "poisson", "main", arrivals, rate)
 
 
 def poisson_maker(tok: Any, requests: int, seed: int) -> Any:
@@ -225,11 +225,6 @@ def measure_point(llm: Any, point: GridPoint) -> tuple[pd.DataFrame, pd.DataFram
     return requests, steps
 
 
-def measured_metrics(requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
-    """The same numbers ``forecast.point_metrics`` predicts, from a measured run."""
-    return forecast.point_metrics(requests) | {"peak_blocks": float(steps.blocks_used.max())}
-
-
 def measure_grid(engines: dict[str, Any], grid: list[GridPoint], out: str | Path) -> dict[str, Any]:
     """Measure every point (refused unless this grid's predictions are on disk); return {point: (requests, steps)}.
     One untimed warm-up request per engine first."""
@@ -246,9 +241,10 @@ def measure_grid(engines: dict[str, Any], grid: list[GridPoint], out: str | Path
 def score(predictions: pd.DataFrame, measured: dict[str, Any]) -> pd.DataFrame:
     """The scorecard: one row per (point, metric) with predicted, measured, the 80 % interval, the relative error
     (predicted ÷ measured − 1; for the hit rate, the difference in points) and whether the measurement is inside."""
+    values = {point: forecast.run_metrics(*run) for point, run in measured.items()}
     rows = []
     for _, r in predictions.iterrows():
-        value = measured_metrics(*measured[r.point])[r.metric]
+        value = values[r.point][r.metric]
         if r.metric == "hit_rate":
             error = r.predicted - value
         else:

@@ -37,7 +37,6 @@ env = kvlab.print_env()
 # **second model the step model is never calibrated on** — only its FLOPs and bytes change.
 
 # %%
-import numpy as np
 import pandas as pd
 
 from kvlab import forecast, roofline, scorecard, slo, stepmodel
@@ -71,7 +70,7 @@ model.describe().round(4)
 
 # %%
 from kvlab.prompts import distinct_prompts
-from kvlab.workload import Arrival
+from kvlab.workload import Arrival, poisson_arrivals
 
 setup = forecast.setup_from_engine(main)
 scheduler = forecast.new_scheduler(setup)
@@ -273,9 +272,7 @@ window_s = kvlab.pick(10.0, 5.0)
 
 
 def gpu_arrivals(rate: float) -> list[Arrival]:
-    prompts = distinct_prompts(tok, 1024, max(60, int(rate * window_s)), seed=300)
-    gaps = np.random.default_rng(1).exponential(1 / rate, len(prompts))
-    return [Arrival(f"chat {i}", p, 128, float(t)) for i, (p, t) in enumerate(zip(prompts, np.cumsum(gaps) - gaps[0], strict=True))]
+    return poisson_arrivals(tok, max(60, int(rate * window_s)), rate, 1024, 128, seed=300)
 
 
 h100, h100_gib = gpus["H100 80GB"]
