@@ -10,7 +10,11 @@ would. Chunked prefill, the token budget, ``max_num_seqs``, block-granular prefi
 preemption are therefore vLLM's rules, not re-implemented ones. New requests join between steps, as in the engine
 loop that ``workload.run_workload`` drives, so the forecast and the measurement share one definition of every time.
 
-Not forecast here: speculative decoding (its drafts depend on the text), structured outputs, multimodal inputs.
+Speculative decoding is forecast **given** its acceptance (``Speculation``: how often a step had a draft, how long
+the drafts were, how often each position was accepted — measured by vLLM's counters): which drafts the n-gram
+proposer finds depends on the text the model writes, which a forecast cannot know. Each step's drafts are handed to
+the scheduler as the engine does (``Scheduler.update_draft_token_ids``); the scheduler schedules k + 1 tokens to verify
+and rolls back the rejected ones in ``update_from_output``. Not forecast: structured outputs, multimodal inputs.
 """
 
 from __future__ import annotations
@@ -99,6 +103,63 @@ def new_request(a: Arrival, setup: Setup) -> Any:
                    block_hasher=setup.block_hasher)
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """What a speculative run's drafts did (vLLM's counters): the share of decode steps with a draft (``coverage``),
+    the mean draft length, and per position j the share of drafts whose first j tokens were all accepted."""
+
+    coverage: float
+    draft_length: float
+    accepted_by_position: tuple[float, ...]
+
+    @classmethod
+    def from_counters(cls, acceptance: dict[str, Any], decode_steps: int) -> Speculation:
+        """From ``speculative.acceptance`` over a run and the run's decode steps (steps that gave a request tokens
+        after its first). A run that drafted nothing (no n-gram ever matched) is coverage 0: plain decoding."""
+        if not acceptance.get("drafts") or not decode_steps:
+            return cls(0.0, 0.0, ())
+        return cls(min(1.0, acceptance["drafts"] / decode_steps), acceptance["draft_tokens"] / acceptance["drafts"],
+                   tuple(float(a) for a in acceptance["acceptance_by_position"]))
+
+    def draft(self, rng: np.random.Generator) -> int:
+        """Tokens drafted for one decode step: none with probability 1 − coverage, else the mean length, rounded at
+        random so that the mean holds."""
+        if rng.random() >= self.coverage:
+            return 0
+        whole = int(self.draft_length)
+        return whole + int(rng.random() < self.draft_length - whole)
+
+    def accepted(self, drafted: int, rng: np.random.Generator) -> int:
+        """Draft tokens accepted: position j is reached with the measured probability (positions are accepted in order,
+        so one uniform draw decides them all)."""
+        u = rng.random()
+        return min(drafted, sum(u < p for p in self.accepted_by_position))
+
+
+def replay_hits(setup: Setup, prompts: list[list[int]], max_tokens: int = 1) -> list[int]:
+    """Each prompt run to completion on vLLM's scheduler, one after another (prefix cache kept between them, emptied
+    before the first): the tokens each found in the prefix cache — the engine's own hit rule for any layout, sliding-
+    window and hybrid groups included (``HybridKVCacheCoordinator.find_longest_cache_hit``)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    sched, hits = new_scheduler(setup), []
+    for i, ids in enumerate(prompts):
+        sched.add_request(new_request(Arrival(f"replay {i}", list(ids), max_tokens, 0.0), setup))
+        first = True
+        while sched.has_requests():
+            out = sched.schedule()
+            if first and out.scheduled_new_reqs:
+                hits.append(int(out.scheduled_new_reqs[0].num_computed_tokens))
+                first = False
+            ids_now = list(out.num_scheduled_tokens)
+            sampled = [[STAND_IN_TOKEN] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else []
+                       for r in ids_now]
+            sched.update_from_output(out, ModelRunnerOutput(req_ids=ids_now, req_id_to_index={r: k for k, r in
+                                                                                             enumerate(ids_now)},
+                                                            sampled_token_ids=sampled))
+    return hits
+
+
 @dataclass
 class Forecast:
     """One simulated run: a row per request (the columns ``run_workload`` measures) and a row per step."""
@@ -123,10 +184,11 @@ class _Ledger:
     def seconds(self, step: Step) -> float:
         return self.model.step_ms(step) * self.scale / 1e3
 
-    def book(self, step: Step, ids: list[str], reqs: dict[str, Any], start: float, end: float) -> list[list[int]]:
+    def book(self, step: Step, ids: list[str], reqs: dict[str, Any], start: float, end: float,
+             accepted: dict[str, int] | None = None) -> list[list[int]]:
         """Book one step ending at ``end``; return the stand-in tokens sampled (one for each request whose prompt is
-        done after it, none for a prefill chunk that ends before its prompt does)."""
-        sampled = []
+        done after it, plus its ``accepted`` draft tokens; none for a prefill chunk that ends before its prompt does)."""
+        sampled, accepted = [], accepted or {}
         for rid, (n, before) in zip(ids, step.sequences, strict=True):
             if rid not in self.first_step:  # its first step: what it had computed before is its prefix-cache hit
                 self.first_step[rid], self.cached[rid] = start, before
@@ -135,9 +197,10 @@ class _Ledger:
                 self.own_prefill[rid] = self.own_prefill.get(rid, 0.0) + alone
                 self.shared[rid] = self.shared.get(rid, 0.0) + (end - start) - alone
             done = reqs[rid].num_computed_tokens >= reqs[rid].num_tokens
-            sampled.append([STAND_IN_TOKEN] if done else [])
-            if done:
-                self.token_times.setdefault(rid, []).append(end)
+            times = self.token_times.setdefault(rid, []) if done else []
+            count = min(1 + accepted.get(rid, 0), reqs[rid].max_tokens - len(times)) if done else 0
+            sampled.append([STAND_IN_TOKEN] * count)
+            times.extend([end] * count)
         return sampled
 
     def requests(self, arrivals: list[Arrival], reqs: dict[str, Any]) -> pd.DataFrame:
@@ -151,16 +214,23 @@ class _Ledger:
                          "ttft_s": first - a.at_s, "tpot_s": (last - first) / (n - 1) if n > 1 else math.nan,
                          "e2e_s": last - a.at_s, "queue_s": self.first_step[rid] - a.at_s,
                          "own_prefill_s": self.own_prefill.get(rid, 0.0), "shared_s": self.shared.get(rid, 0.0),
-                         "cached_tokens": self.cached[rid], "preemptions": int(reqs[rid].num_preemptions)})
+                         "cached_tokens": self.cached[rid], "preemptions": int(reqs[rid].num_preemptions),
+                         "decode_steps": len(set(times)) - 1})
         return pd.DataFrame(rows)
 
 
 def simulate(setup: Setup, arrivals: list[Arrival], model: StepModel, scale: float = 1.0,
-             max_steps: int = 200_000) -> Forecast:
+             max_steps: int = 200_000, speculation: Speculation | None = None, seed: int = 0) -> Forecast:
     """Run ``arrivals`` through vLLM's scheduler, each step lasting the step model's prediction × ``scale``; return
     per-request TTFT, TPOT, E2E, queue wait, its own prefill alone, cached tokens and preemptions, and per-step
-    composition, duration and KV blocks in use."""
-    from vllm.v1.outputs import ModelRunnerOutput
+    composition, duration and KV blocks in use. With ``speculation`` (and an engine configured for it), each decode
+    step gets drafts and acceptances drawn from it (``seed``)."""
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+    if speculation is not None and not setup.vllm_config.speculative_config:
+        raise KVLabError("A speculative forecast needs the setup of an engine with speculation on "
+                         "(speculative.ngram_config(k) when making the engine).")
+    rng = np.random.default_rng(seed)
 
     check_workload(setup, arrivals)
     sched, ledger = new_scheduler(setup), _Ledger(model, scale)
@@ -187,9 +257,14 @@ def simulate(setup: Setup, arrivals: list[Arrival], model: StepModel, scale: flo
             continue
         step, ids, start = composition(out, 0.0), list(out.num_scheduled_tokens), t
         t += ledger.seconds(step)
-        sampled = ledger.book(step, ids, reqs, start, t)
+        drafts = out.scheduled_spec_decode_tokens or {}
+        accepted = {rid: speculation.accepted(len(d), rng) for rid, d in drafts.items()} if speculation else {}
+        sampled = ledger.book(step, ids, reqs, start, t, accepted)
         sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
                                                         sampled_token_ids=sampled))
+        if speculation is not None:  # the proposer's turn, after the step is booked (as EngineCore.step does)
+            ready = [rid for rid, s in zip(ids, sampled, strict=True) if s and not reqs[rid].is_finished()]
+            sched.update_draft_token_ids(DraftTokenIds(ready, [[STAND_IN_TOKEN] * speculation.draft(rng) for _ in ready]))
         ledger.steps.append({"start_s": start, "seconds": t - start, "sequences": len(ids), "tokens": step.tokens,
                              "composition": tuple(sorted(step.sequences)),
                              "prefill_tokens": sum(n for n, _ in step.sequences if n > 1),
@@ -254,16 +329,19 @@ def draws(model: StepModel, count: int, seed: int = 0) -> list[tuple[StepModel, 
     """``count`` plausible step models for an interval: constants drawn from their fitted uncertainty (normal, 1 SE),
     each with a whole-run scale drawn from the relative errors the model makes on shapes it was not fitted on (each
     calibration point predicted by a fit on the others, and any held-out errors; its leave-one-out residuals, or
-    the fit's own residuals, when those are not known): a run is off by a common factor more than step by step."""
+    the fit's own residuals, when those are not known) times the machine's run-to-run noise (the calibration's
+    repeats of one point, ``stepmodel.run_to_run``): a run is off by a common factor more than step by step."""
     rng = np.random.default_rng(seed)
     unseen = [*model.meta.get("point_out_errors", []), *[r["error"] for r in model.meta.get("held_out", [])]]
     errors = unseen or model.meta.get("leave_one_out_residuals") or model.residuals or [0.0]
+    noise = model.meta.get("run_to_run") or [0.0]
     out = []
     for _ in range(count):
         constants = {k: float(rng.normal(v, model.errors.get(k, 0.0))) for k, v in model.constants.items()}
         drawn = StepModel(model.form, constants, model.errors, model.limits, model.cost, model.residuals,
                           model.points, model.other_form, model.meta)
-        out.append((drawn, 1.0 / (1.0 + float(rng.choice(errors)))))  # a model that over-predicted by r runs 1/(1+r)
+        shape = 1.0 / (1.0 + float(rng.choice(errors)))  # a model that over-predicted by r runs 1/(1+r)
+        out.append((drawn, shape * (1.0 + float(rng.choice(noise)))))
     return out
 
 
@@ -279,6 +357,9 @@ def point_metrics(requests: pd.DataFrame) -> dict[str, float]:
     out["throughput_tok_s"] = float(requests.output_tokens.sum()) / span if span > 0 else math.nan
     out["hit_rate"] = float(requests.cached_tokens.sum() / requests.prompt_tokens.sum())
     out["preemptions"] = float(requests.preemptions.sum())
+    if "decode_steps" in requests:  # output tokens after the first, per step that gave a request tokens
+        steps = requests.decode_steps.sum()
+        out["tokens_per_step"] = float((requests.output_tokens - 1).sum() / steps) if steps else math.nan
     return out
 
 
@@ -298,19 +379,26 @@ class Prediction:
     hi80: dict[str, float]
 
 
-def simulate_runs(setup: Setup, runs: list[list[Arrival]], model: StepModel, scale: float = 1.0) -> Forecast:
+def simulate_runs(setup: Setup, runs: list[list[Arrival]], model: StepModel, scale: float = 1.0,
+                  speculation: Speculation | None = None, seed: int = 0) -> Forecast:
     """Several runs one after another, each on an idle engine with an empty prefix cache (its times its own)."""
-    parts = [simulate(setup, arrivals, model, scale) for arrivals in runs]
+    parts = [simulate(setup, arrivals, model, scale, speculation=speculation, seed=seed + i) for i, arrivals in enumerate(runs)]
     return Forecast(pd.concat([p.requests for p in parts], ignore_index=True),
                     pd.concat([p.steps for p in parts], ignore_index=True))
 
 
-def predict(setup: Setup, runs: list[list[Arrival]], model: StepModel, samples: int = 12, seed: int = 0) -> Prediction:
+def predict(setup: Setup, runs: list[list[Arrival]], model: StepModel, samples: int = 12, seed: int = 0,
+            speculation: Speculation | None = None) -> Prediction:
     """The central forecast of ``runs`` (each a list of arrivals run on an idle engine) and an 80 % interval of every
-    ``point_metrics`` value from ``samples`` drawn models."""
-    central = simulate_runs(setup, runs, model)
+    ``point_metrics`` value from ``samples`` drawn models (and, with ``speculation``, drawn drafts and acceptances)."""
+    central = simulate_runs(setup, runs, model, speculation=speculation, seed=seed)
     metrics = run_metrics(central.requests, central.steps)
-    drawn = [point_metrics(simulate_runs(setup, runs, m, scale).requests) for m, scale in draws(model, samples, seed)]
+    if speculation is not None:  # drafts are drawn: the central value is the median over several draws of them
+        again = [point_metrics(simulate_runs(setup, runs, model, speculation=speculation, seed=seed + s).requests)
+                 for s in range(1, 8)]
+        metrics |= pd.DataFrame([point_metrics(central.requests), *again]).median().to_dict()
+    drawn = [point_metrics(simulate_runs(setup, runs, m, scale, speculation, seed + 1000 * (i + 1)).requests)
+             for i, (m, scale) in enumerate(draws(model, samples, seed))]
     table = pd.DataFrame(drawn)
     lo = {k: float(min(table[k].quantile(0.1), metrics[k])) for k in table}
     hi = {k: float(max(table[k].quantile(0.9), metrics[k])) for k in table}

@@ -23,11 +23,12 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvlab import forecast, slo
+from kvlab import forecast, slo, speculative
 from kvlab.prompts import distinct_prompts, shared_prefix_prompts
 from kvlab.runtime import config
 from kvlab.runtime.errors import KVLabError
 from kvlab.runtime.randomweights import SECOND_MODEL
+from kvlab.runtime.templates import chat_template_ids
 from kvlab.stepmodel import StepModel, StepRecorder
 from kvlab.workload import Arrival, poisson_arrivals, run_workload
 
@@ -39,7 +40,13 @@ METRICS = {
     "prefix": ["hit_rate", "ttft_p50_ms", "tpot_p50_ms"],
     "poisson": ["ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms", "throughput_tok_s"],
     "second model": ["ttft_p50_ms", "tpot_p50_ms", "peak_blocks"],
+    "speculation": ["tokens_per_step", "tpot_p50_ms", "e2e_p50_ms"],
 }
+#: Kinds forecast only after their run: speculation's drafts depend on the text, so it is forecast given the
+#: acceptance vLLM counted in the same run (``predict_given_acceptance``).
+CONDITIONAL = {"speculation"}
+#: Draft tokens per step of the speculation points (n-gram, prompt lookup 2–4).
+SPEC_K = 4
 #: The Poisson traffic's shape: prompt and output tokens per request (not a calibration composition).
 POISSON_PROMPT, POISSON_OUTPUT = 320, 32
 
@@ -100,6 +107,14 @@ def shared_prefix(tok: Any, prefix: int, requests: int, gap_s: float, seed: int)
     return GridPoint(name, "prefix", "main", [Arrival(f"{name} #{i + 1}", p, 16, i * gap_s) for i, p in enumerate(ids)])
 
 
+def speculation_point(tok: Any, k: int, requests: int, out: int, seed: int) -> GridPoint:
+    """``requests`` "edit" chats (fix a paragraph's typos and return it: the answer copies the prompt, so the n-gram
+    proposer finds drafts) submitted together to the speculative engine (``k`` draft tokens per step)."""
+    name = f"speculation k={k}, {requests} edits"
+    ids = [chat_template_ids(tok, m) for m in speculative.task_messages("edit", requests, seed=seed)]
+    return GridPoint(name, "speculation", "spec", [Arrival(f"{name} #{i + 1}", p, out, 0.0) for i, p in enumerate(ids)])
+
+
 def poisson(tok: Any, rate: float, requests: int, fraction: float, seed: int) -> GridPoint:
     """``requests`` chats (``POISSON_PROMPT`` tokens in, ``POISSON_OUTPUT`` out) arriving as a Poisson process
     (``workload.poisson_arrivals``: the same seed gives the same gaps, scaled by the rate)."""
@@ -138,11 +153,12 @@ def grid_sizes(quick: bool) -> dict[str, Any]:
 def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: list[int], batches: list[tuple[int, int]],
                   budgets: dict[str, int], long_prompts: list[int], prefixes: list[int], rate_fractions: list[float],
                   poisson_requests: int, poisson_window_s: float, second_batches: list[int], output_tokens: int,
-                  second_alone: int | None = None) -> list[GridPoint]:
+                  second_alone: int | None = None, speculation_k: int = SPEC_K) -> list[GridPoint]:
     """The held-out points (``grid_sizes``), none a calibration composition. ``toks`` maps each engine key ("main",
     each budget's key, "second") to its tokenizer; Poisson rates are fractions of ``capacity_rps``, each with as many
     requests as arrive in ``poisson_window_s`` at that rate (at least 10, at most ``poisson_requests``): the same
-    traffic shape and wall time on a fast machine and a slow one."""
+    traffic shape and wall time on a fast machine and a slow one. With a "spec" engine, one speculation point (four
+    edits submitted together, ``speculation_k`` draft tokens per step, twice the output tokens)."""
     tok, out = toks["main"], output_tokens
     grid = [unloaded(tok, p, out, seed=10 + i) for i, p in enumerate(prompt_lengths)]
     grid += [_batch(tok, f"batch {n} × {p}", "batch", "main", n, p, out, seed=30 + i) for i, (n, p) in enumerate(batches)]
@@ -156,7 +172,19 @@ def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: lis
         if second_alone:
             grid.append(unloaded(toks["second"], second_alone, out, seed=120, engine="second", kind="second model",
                                  name=f"second model, alone {second_alone}"))
+    if "spec" in toks:
+        grid.append(speculation_point(toks["spec"], speculation_k, 4, 2 * out, seed=130))
     return grid
+
+
+def check_grid(grid: list[GridPoint], setups: dict[str, forecast.Setup]) -> None:
+    """One sentence, before any calibration or measurement, for a point whose engine is missing or whose requests
+    cannot fit its engine's context or KV pool (``forecast.check_workload``)."""
+    for p in grid:
+        if p.engine not in setups:
+            raise KVLabError(f"Grid point '{p.name}' runs on engine '{p.engine}', which was not started; start it or "
+                             "drop the point.")
+        forecast.check_workload(setups[p.engine], p.arrivals)
 
 
 def grid_hash(grid: list[GridPoint]) -> str:
@@ -172,14 +200,37 @@ def grid_hash(grid: list[GridPoint]) -> str:
 def predict_grid(grid: list[GridPoint], setups: dict[str, forecast.Setup], models: dict[str, StepModel],
                  samples: int = 12) -> tuple[pd.DataFrame, dict[str, forecast.Forecast]]:
     """Every point's predictions with their 80 % intervals, one row per (point, metric), and each point's central
-    forecast (its simulated requests and steps)."""
+    forecast (its simulated requests and steps). ``CONDITIONAL`` kinds are left to ``predict_given_acceptance``."""
     rows, central = [], {}
     for p in grid:
+        if p.kind in CONDITIONAL:
+            continue
         pred = forecast.predict(setups[p.engine], p.runs(), models[p.engine], samples=samples)
         central[p.name] = pred.central
         for metric in METRICS[p.kind]:
             rows.append(p.describe() | {"metric": metric, "predicted": pred.metrics[metric], "lo80": pred.lo80[metric],
                                         "hi80": pred.hi80[metric]})
+    return pd.DataFrame(rows), central
+
+
+def predict_given_acceptance(grid: list[GridPoint], setups: dict[str, forecast.Setup], models: dict[str, StepModel],
+                             measured: dict[str, Any], samples: int = 12) -> tuple[pd.DataFrame, dict[str, forecast.Forecast]]:
+    """The speculation points' predictions, made after their run from the acceptance vLLM counted in it (coverage,
+    draft length, acceptance by position): vLLM's scheduler verifies the drafts, the step model times the k + 1-token
+    steps. Rows as ``predict_grid``'s, with ``given`` saying what was taken from the run."""
+    rows, central = [], {}
+    for p in grid:
+        if p.kind not in CONDITIONAL:
+            continue
+        requests, steps = measured[p.name]
+        spec = forecast.Speculation.from_counters(steps.attrs["acceptance"], int(requests.decode_steps.sum()))
+        pred = forecast.predict(setups[p.engine], p.runs(), models[p.engine], samples=samples, speculation=spec)
+        central[p.name] = pred.central
+        given = (f"measured acceptance: coverage {spec.coverage:.2f}, {spec.draft_length:.2f} tokens per draft, "
+                 f"by position {', '.join(f'{a:.2f}' for a in spec.accepted_by_position)}")
+        for metric in METRICS[p.kind]:
+            rows.append(p.describe() | {"metric": metric, "predicted": pred.metrics[metric], "lo80": pred.lo80[metric],
+                                        "hi80": pred.hi80[metric], "given": given})
     return pd.DataFrame(rows), central
 
 
@@ -214,14 +265,17 @@ def measure_point(llm: Any, point: GridPoint) -> tuple[pd.DataFrame, pd.DataFram
     """Run one point on the engine (prefix cache emptied first) with the course's workload driver; return its
     requests and its recorded steps (composition, measured ms, KV blocks in use)."""
     recorder, parts = StepRecorder(llm), []
+    before = speculative.counters(llm)
     for run in point.runs():
         llm.reset_prefix_cache()
         with recorder.recording():
             parts.append(run_workload(llm, run)[1])
+    acceptance = speculative.acceptance(before, speculative.counters(llm))
     requests = pd.concat(parts, ignore_index=True)
     steps = pd.DataFrame({"seconds": [s.seconds for s in recorder.steps], "sequences": [len(s.sequences) for s in recorder.steps],
                           "tokens": [s.tokens for s in recorder.steps], "blocks_used": recorder.blocks_used})
     steps.attrs["steps"] = recorder.steps
+    steps.attrs["acceptance"] = acceptance  # vLLM's speculative-decoding counters over this point (zeros when off)
     return requests, steps
 
 

@@ -384,7 +384,21 @@ def calibrate(llm: Any, quick: bool = False, limits: MachineLimits | None = None
     model = fit(steps, cost, limits, meta=meta)
     check_fit(model, steps)
     model.meta["point_out_errors"] = point_out_errors(measured, cost, limits, model.form)
+    model.meta["run_to_run"] = run_to_run(measured)
     return model
+
+
+def run_to_run(measured: list[tuple[Point, Step]]) -> list[float]:
+    """The machine's run-to-run noise: each repeat's total step time relative to the mean over the repeats of its
+    point (``measure`` records each run's steps together, repeat by repeat, so a run ends where its point changes)."""
+    totals: dict[Point, list[float]] = {}
+    last = None
+    for p, s in measured:
+        if p != last:
+            totals.setdefault(p, []).append(0.0)
+            last = p
+        totals[p][-1] += s.seconds
+    return [float(t / np.mean(runs) - 1) for runs in totals.values() if len(runs) > 1 for t in runs]
 
 
 def point_out_errors(measured: list[tuple[Point, Step]], cost: ModelCost, limits: MachineLimits, form: str) -> list[float]:

@@ -123,7 +123,8 @@ def run_workload(llm: Any, arrivals: list[Arrival], timeout_s: float = 900.0, la
                "prompt_tokens": len(a.prompt_ids), "output_tokens": n,
                "arrival_s": a.at_s, "submitted_s": submitted[rid], "first_token_s": times[0], "last_token_s": times[-1],
                "ttft_s": times[0] - a.at_s, "tpot_s": (times[-1] - times[0]) / (n - 1) if n > 1 else float("nan"),
-               "e2e_s": times[-1] - a.at_s, "itl_max_s": max(gaps) if gaps else float("nan"), "itl_s": gaps}
+               "e2e_s": times[-1] - a.at_s, "itl_max_s": max(gaps) if gaps else float("nan"), "itl_s": gaps,
+               "decode_steps": len(arrived) - 1}
         if rid in finals and getattr(finals[rid], "metrics", None) is not None:
             eng = request_timing(finals[rid])
             row |= {"engine_queue_s": eng["queue_s"], "engine_prefill_s": eng["prefill_s"], "preemptions": eng["preemptions"],

@@ -13,6 +13,8 @@
 # it over a held-out grid — unloaded prompts, batches, a long prompt arriving during decodes at each chunked-prefill
 # budget, shared-prefix traffic, Poisson arrivals at fractions of the forecast capacity, the other course model — and
 # every prediction is written to `predictions.csv` **before** the grid runs. Then the grid is measured and scored.
+# The n-gram speculation point is the one forecast made after its run: its drafts depend on the text the model writes,
+# so it is predicted *given* the acceptance vLLM counted in that run (the `given` column says what was taken).
 #
 # Headless: `papermill --engine kvlab labs/L10_forecast.ipynb out.ipynb --cwd labs -y "budgets: [512, 128]" -p ttft_slo_x 2`.
 # Writes `predictions.csv` + `predictions.json` (time and SHA-256, before measuring), `results.csv/.parquet` (the
@@ -35,10 +37,13 @@ output_tokens = 24  # output tokens per request (exact)
 ttft_slo_x = 3.0  # SLO: TTFT p90 within this many times the forecast unloaded TTFT
 tpot_slo_x = 2.0  # SLO: TPOT p90 within this many times the forecast unloaded TPOT
 second_model = True  # also forecast the other course model, never calibrated on
+speculation_k = 4  # draft tokens per step of the n-gram speculation point (0: no speculation point)
 enforce_eager = True  # True: no torch.compile; False: compiled (slow first start)
 output_dir = ""  # where results go; empty: build/labs/L10_forecast
 
 # %%
+import pandas as pd
+
 import kvlab
 
 kvlab.setup_notebook()
@@ -49,7 +54,7 @@ p = kvlab.labs.validate_namespace("L10_forecast", globals())  # checks every par
 # ## Engines and calibration
 
 # %%
-from kvlab import forecast, roofline, scorecard, stepmodel
+from kvlab import forecast, roofline, scorecard, speculative, stepmodel
 from kvlab.runtime import config
 
 context = max(4096, max([*p.prompt_lengths, *p.long_prompts, *p.prefixes]) + p.output_tokens + 64)
@@ -59,6 +64,17 @@ engines = {k: kvlab.make_engine(p.model or None, max_model_len=context, max_num_
 if p.second_model:
     engines["second"] = kvlab.make_engine(scorecard.other_model(p.model or config.model_name()), max_model_len=context,
                                           max_num_batched_tokens=p.budgets[0], enforce_eager=p.enforce_eager)
+if p.speculation_k:  # last: the n-gram proposer loads numba (docs/engine-notes.md)
+    engines["spec"] = kvlab.make_engine(p.model or None, max_model_len=context, max_num_batched_tokens=p.budgets[0],
+                                        enforce_eager=p.enforce_eager, **speculative.ngram_config(p.speculation_k))
+setups = {k: forecast.setup_from_engine(llm) for k, llm in engines.items()}
+toks = {k: llm.get_tokenizer() for k, llm in engines.items()}
+shape = dict(prompt_lengths=p.prompt_lengths, batches=[(n, p.batch_prompt_tokens) for n in p.batch_sizes],
+             budgets=keys, long_prompts=p.long_prompts, prefixes=p.prefixes, rate_fractions=p.rate_fractions,
+             poisson_requests=p.poisson_requests, poisson_window_s=p.poisson_window_s,
+             second_batches=[1, 8] if p.second_model else [], output_tokens=p.output_tokens,
+             speculation_k=p.speculation_k)
+scorecard.check_grid(scorecard.held_out_grid(toks, 1.0, **shape), setups)  # every request fits, before calibrating
 model = stepmodel.calibrate(engines["main"], quick=True)
 model.describe().round(4)
 
@@ -66,16 +82,11 @@ model.describe().round(4)
 # ## Predictions, written before anything runs
 
 # %%
-setups = {k: forecast.setup_from_engine(llm) for k, llm in engines.items()}
 models = {k: model for k in keys} | ({"second": model.for_model(roofline.engine_cost(engines["second"]))} if p.second_model else {})
-toks = {k: llm.get_tokenizer() for k, llm in engines.items()}
+models |= {"spec": model} if p.speculation_k else {}
 objective = scorecard.relative_slo(setups["main"], toks["main"], model, p.ttft_slo_x, p.tpot_slo_x)
 capacity = scorecard.capacity(setups["main"], toks["main"], model, objective, p.poisson_requests)["rate"]
-grid = scorecard.held_out_grid(toks, capacity, prompt_lengths=p.prompt_lengths,
-                               batches=[(n, p.batch_prompt_tokens) for n in p.batch_sizes], budgets=keys,
-                               long_prompts=p.long_prompts, prefixes=p.prefixes, rate_fractions=p.rate_fractions,
-                               poisson_requests=p.poisson_requests, poisson_window_s=p.poisson_window_s, second_batches=[1, 8] if p.second_model else [],
-                               output_tokens=p.output_tokens)
+grid = scorecard.held_out_grid(toks, capacity, **shape)
 predictions, central = scorecard.predict_grid(grid, setups, models)
 out = kvlab.labs.output_dir("L10_forecast", p.output_dir)
 stamp = scorecard.write_predictions(predictions, grid, out)
@@ -87,7 +98,9 @@ print(f"SLO {objective.describe()}; forecast capacity {capacity:.2f} req/s; {len
 
 # %%
 measured = scorecard.measure_grid(engines, grid, out)
-card = scorecard.score(predictions, measured)
+given, given_central = scorecard.predict_given_acceptance(grid, setups, models, measured)
+central |= given_central
+card = scorecard.score(pd.concat([predictions, given], ignore_index=True), measured)
 summary = scorecard.summary(card)
 calls, sustainable = scorecard.capacity_check(grid, measured, central, objective)
 budget = scorecard.error_budget(card, measured, central, models, {g.name: g.engine for g in grid})

@@ -33,13 +33,16 @@ env = kvlab.print_env()
 # ## 1. The engines
 #
 # One engine per configuration, reused for everything: the course model with a chunked-prefill budget of 512 tokens
-# per step (prefix caching on, vLLM's default), another budget for the chunked-prefill points (full mode), and a
-# **second model the step model is never calibrated on** — only its FLOPs and bytes change.
+# per step (prefix caching on, vLLM's default), another budget for the chunked-prefill points (full mode), a
+# **second model the step model is never calibrated on** — only its FLOPs and bytes change — and the course model with
+# n-gram speculation (k = 4 draft tokens per step; started last, as it loads numba). Before any calibration, every
+# request of the grid is checked against its engine's context and KV pool: a point that cannot fit stops here, in one
+# sentence.
 
 # %%
 import pandas as pd
 
-from kvlab import forecast, roofline, scorecard, slo, stepmodel
+from kvlab import forecast, roofline, scorecard, slo, speculative, stepmodel
 from kvlab.runtime import config
 
 sizes = scorecard.grid_sizes(kvlab.quick())  # the held-out grid's sizes (quick mode: fewer points, same kinds)
@@ -47,7 +50,12 @@ budgets = sizes["budgets"]
 engines = {key: kvlab.make_engine(max_model_len=4096, max_num_batched_tokens=b) for key, b in budgets.items()}
 engines["second"] = kvlab.make_engine(scorecard.other_model(config.model_name()), max_model_len=4096,
                                       max_num_batched_tokens=512)
+engines["spec"] = kvlab.make_engine(max_model_len=4096, max_num_batched_tokens=512,
+                                    **speculative.ngram_config(scorecard.SPEC_K))
 main = engines["main"]
+setups = {key: forecast.setup_from_engine(llm) for key, llm in engines.items()}
+toks = {key: llm.get_tokenizer() for key, llm in engines.items()}
+scorecard.check_grid(scorecard.held_out_grid(toks, 1.0, **sizes), setups)  # every request fits its engine
 print({key: llm.kvlab_settings["model"].split("/")[-1] for key, llm in engines.items()})
 
 # %% [markdown]
@@ -121,14 +129,17 @@ print(f"SLO: {objective.describe()}; forecast maximum sustainable rate: {capacit
 #
 # The held-out grid: prompt lengths and batch sizes the calibration never had, a long prompt arriving while three
 # requests decode (at each chunked-prefill budget), shared-prefix traffic with prefix caching on, Poisson arrivals at
-# fractions of the forecast capacity (one above it), and the second model. Each prediction carries an 80 % interval:
-# constants drawn from their fitted uncertainty, and a whole-run factor drawn from the errors the model made on its
-# own steps.
+# fractions of the forecast capacity (one above it), the second model, and four "edit" requests with n-gram
+# speculation. Each prediction carries an 80 % interval: constants drawn from their fitted uncertainty, and a
+# whole-run factor drawn from the errors the model made on shapes it was not fitted on.
+#
+# One point cannot be written down beforehand: which drafts the n-gram proposer finds depends on the text the model
+# writes. The speculation point is forecast after its run, **given** the acceptance vLLM counted in it (§7) — it is
+# in the grid's hash, not in `predictions.csv`.
 
 # %%
-setups = {key: forecast.setup_from_engine(llm) for key, llm in engines.items()}
-models = {key: model for key in budgets} | {"second": model.for_model(roofline.engine_cost(engines["second"]))}
-grid = scorecard.held_out_grid({key: llm.get_tokenizer() for key, llm in engines.items()}, capacity, **sizes)
+models = {key: model for key in [*budgets, "spec"]} | {"second": model.for_model(roofline.engine_cost(engines["second"]))}
+grid = scorecard.held_out_grid(toks, capacity, **sizes)
 predictions, central = scorecard.predict_grid(grid, setups, models)
 out_dir = config.build_dir() / "forecast" / "lesson10"
 stamp = scorecard.write_predictions(predictions, grid, out_dir)
@@ -163,7 +174,9 @@ print(f"measured {len(measured)} points, starting {started - stamp['written_unix
 # requests arrive at once the forecast should be exact to the block.
 
 # %%
-card = scorecard.score(predictions, measured)
+given, given_central = scorecard.predict_given_acceptance(grid, setups, models, measured)
+central |= given_central
+card = scorecard.score(pd.concat([predictions, given], ignore_index=True), measured)
 card.to_csv(out_dir / "scorecard.csv", index=False)
 board = scorecard.summary(card)
 board.round(3)
@@ -182,6 +195,17 @@ print(f"KV blocks in use: {int((blocks.predicted == blocks.measured).sum())} of 
       f"median |TPOT error| {tpot_error:.0%}; {coverage:.0%} of measurements inside their 80 % interval")
 assert (blocks.predicted == blocks.measured).all(), blocks[["point", "predicted", "measured"]]
 assert tpot_error <= kvlab.pick(0.15, 0.20), f"median |TPOT error| {tpot_error:.0%}"
+
+# %% [markdown]
+# The speculation point, forecast given what vLLM counted in its run: the share of decode steps that had a draft
+# (coverage), the draft length, and how often each draft position was accepted. vLLM's scheduler then verifies k + 1
+# tokens per step and rolls back the rejected ones, exactly as in the engine; the step model times those wider steps.
+# Tokens per step is what speculation buys; TPOT is what the learner feels.
+
+# %%
+spec_card = card[card.kind == "speculation"]
+print(given.given.iloc[0])
+spec_card[["metric", "predicted", "lo80", "hi80", "measured", "error", "inside"]].round(3)
 
 # %% [markdown]
 # Did the forecast call the SLO right? Each Poisson point's forecast and its measured run are judged the same way
@@ -296,6 +320,7 @@ rate_words = {side: "below the lowest rate measured" if r["rate"] is None else
               f"{r['rate']:.2f} req/s" + (" or more" if r["at_least"] else "") for side, r in sustainable.items() if side != "error"}
 worst = card.loc[card.error.abs().idxmax()]
 biggest = parts.loc["measured"].idxmax()
+spec_tps = spec_card.set_index("metric").loc["tokens_per_step"]
 Markdown(f"""
 - The step model ({model.form} form, {len(model.constants)} constants) was fitted on {model.points} step compositions;
   vLLM's scheduler, driven with those step times, forecast {len(grid)} held-out points and {len(predictions)} numbers,
@@ -305,6 +330,9 @@ Markdown(f"""
 - The forecast capacity at *{objective.describe()}* was {capacity:.2f} req/s (arrival draws: {rated['lo80']:.2f}–{rated['hi80']:.2f}).
   Over the measured rates the maximum sustainable rate was {rate_words['measured']}, the forecast of the same points
   said {rate_words['predicted']}; met or missed was called right at {right_calls} rates.
+- Speculation (k = {scorecard.SPEC_K}), given the acceptance measured in its run: tokens per step predicted
+  {spec_tps.predicted:.2f}, measured {spec_tps.measured:.2f} ({spec_tps.error:+.0%}); TPOT p50 error
+  {spec_card.set_index("metric").loc["tpot_p50_ms", "error"]:+.0%}.
 - The largest miss: {worst.metric} at "{worst.point}", predicted {worst.predicted:.1f}, measured {worst.measured:.1f}.
 - On paper (datasheet peaks, {forecast.GPU_FIXED_MS:g} ms per step assumed): Llama-3.1-8B at batch 1 on an A100 40GB
   {a100[1]:.0f} tok/s against the published ≈ 75 ({a100[1] / 75 - 1:+.0%}); at batch 8 {a100[8]:.0f} against ≈ {6.6 * 75:.0f}

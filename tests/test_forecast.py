@@ -33,6 +33,20 @@ def test_drawn_models_scatter_around_the_fit_by_its_own_errors():
     assert scales <= {round(1 / (1 + r), 6) for r in MODEL.residuals}  # a whole-run factor from the model's own misses
 
 
+def test_drawn_drafts_and_acceptances_follow_the_measured_rates():
+    spec = forecast.Speculation.from_counters({"drafts": 60, "draft_tokens": 210, "accepted_tokens": 120,
+                                               "acceptance_by_position": [0.9, 0.6, 0.3, 0.2]}, decode_steps=80)
+    assert spec.coverage == pytest.approx(0.75) and spec.draft_length == pytest.approx(3.5)
+    rng = np.random.default_rng(0)
+    drafted = [spec.draft(rng) for _ in range(20_000)]
+    assert np.mean([d > 0 for d in drafted]) == pytest.approx(0.75, abs=0.02)
+    assert np.mean([d for d in drafted if d]) == pytest.approx(3.5, abs=0.03)
+    accepted = np.array([spec.accepted(4, rng) for _ in range(20_000)])
+    assert [float(np.mean(accepted >= j)) for j in (1, 2, 3, 4)] == pytest.approx([0.9, 0.6, 0.3, 0.2], abs=0.02)
+    assert spec.accepted(1, rng) <= 1  # never more than was drafted
+    assert forecast.Speculation.from_counters({"drafts": 0}, 50).coverage == 0.0  # nothing drafted: plain decoding
+
+
 def requests_table(ttft_ms: list[float]) -> pd.DataFrame:
     n = len(ttft_ms)
     return pd.DataFrame({"ttft_s": np.array(ttft_ms) / 1e3, "tpot_s": [0.05] * n, "e2e_s": [1.0] * n,
@@ -100,6 +114,19 @@ def test_an_error_budget_with_no_miss_still_has_its_columns(tmp_path):
     assert list(pd.read_csv(tmp_path / "b.csv").columns) == list(budget.columns)  # what the exercises read back
 
 
+def test_a_grid_point_that_cannot_fit_is_refused_before_anything_runs():
+    from types import SimpleNamespace
+
+    small = forecast.Setup(None, SimpleNamespace(num_blocks=3), 4, None, None, max_model_len=64)  # 8 tokens of KV
+    with pytest.raises(KVLabError, match="engine 'second', which was not started"):
+        scorecard.check_grid([scorecard.GridPoint("x", "batch", "second", [])], {"main": small})
+    with pytest.raises(KVLabError, match="Request 'a1' needs 9 tokens of KV but the engine's pool holds 8"):
+        scorecard.check_grid([scorecard.GridPoint("a", "batch", "main", [Arrival("a1", [1] * 5, 4, 0.0)])], {"main": small})
+    with pytest.raises(KVLabError, match="context is 64"):
+        scorecard.check_grid([scorecard.GridPoint("a", "batch", "main", [Arrival("a1", [1] * 60, 8, 0.0)])], {"main": small})
+    scorecard.check_grid(fake_grid(), {"main": forecast.Setup(None, SimpleNamespace(num_blocks=10), 4, None, None, 64)})
+
+
 def test_every_grid_point_is_held_out_of_the_calibration():
     calibrated = {(p.batch, p.prompt_tokens) for p in stepmodel.calibration_points(True) + stepmodel.calibration_points(False)}
     toks = dict.fromkeys(("main", "budget 256", "second"), ByteTokenizer())
@@ -132,6 +159,37 @@ def test_the_forecast_takes_the_engines_steps_exactly(engine):
         assert sorted(requests.cached_tokens) == sorted(predicted.requests.cached_tokens), name
         assert (predicted.requests.output_tokens == arrivals[0].max_tokens).all()
     assert predicted.requests.cached_tokens.max() >= 384  # the prefix case did hit: 3 of its blocks of 128
+
+
+@pytest.mark.engine
+def test_the_scheduler_verifies_drafts_and_rolls_back_rejections(engine):
+    """vLLM's scheduler with n-gram speculation (k = 4) in the engine's config: every draft accepted gives 5 tokens a
+    step (20 after the first in 4 steps of 3 × 5 tokens); nothing drafted is plain decoding; half accepted lies
+    between."""
+    import copy
+
+    from vllm.config import SpeculativeConfig
+
+    from kvlab.prompts import distinct_prompts
+
+    base = forecast.setup_from_engine(engine)
+    config = copy.deepcopy(base.vllm_config)
+    config.speculative_config = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2,
+                                                  prompt_lookup_max=4, target_model_config=config.model_config,
+                                                  target_parallel_config=config.parallel_config)
+    setup = forecast.Setup(config, base.kv_cache_config, base.block_size, base.hash_block_size, base.block_hasher,
+                           base.max_model_len)
+    arrivals = [Arrival(f"s{i}", p, 21, 0.0) for i, p in enumerate(distinct_prompts(engine.get_tokenizer(), 100, 3, seed=1))]
+    every = forecast.simulate(setup, arrivals, MODEL, speculation=forecast.Speculation(1.0, 4.0, (1, 1, 1, 1)))
+    assert every.requests.decode_steps.tolist() == [4, 4, 4] and (every.requests.output_tokens == 21).all()
+    assert every.steps.tokens.tolist() == [300, 15, 15, 15, 15]
+    none = forecast.simulate(setup, arrivals, MODEL, speculation=forecast.Speculation(0.0, 0.0, ()))
+    assert none.requests.decode_steps.tolist() == [20, 20, 20]
+    half = forecast.point_metrics(forecast.simulate(setup, arrivals, MODEL, speculation=forecast.Speculation(
+        1.0, 4.0, (0.5, 0.5, 0.5, 0.5))).requests)["tokens_per_step"]
+    assert 1.5 < half < 4.5
+    with pytest.raises(KVLabError, match="speculation on"):
+        forecast.simulate(base, arrivals, MODEL, speculation=forecast.Speculation(1.0, 4.0, (1, 1, 1, 1)))
 
 
 def test_a_gpu_forecast_needs_its_limits_and_a_gpu_that_holds_the_model():
@@ -201,6 +259,9 @@ def test_lab_l10_writes_predictions_before_its_scorecard(tmp_path, second_model)
     assert {"metric", "point", "held_out", "predicted", "measured", "lo80", "hi80"} <= set(card.columns)
     blocks = card[card.metric == "peak_blocks"]
     assert len(blocks) and (blocks.predicted == blocks.measured).all(), blocks
-    assert set(card.kind) >= {"unloaded", "batch", "chunked", "prefix", "poisson", "second model"}
+    assert set(card.kind) >= {"unloaded", "batch", "chunked", "prefix", "poisson", "second model", "speculation"}
+    spec = card[card.kind == "speculation"]  # forecast after its run, given the acceptance vLLM counted there
+    assert spec.given.str.startswith("measured acceptance").all() and "tokens_per_step" in set(spec.metric)
+    assert spec.predicted.notna().all(), spec
     assert len(pd.read_csv(out / "capacity.csv")) == 2 and meta["parameters"]["model"] == SECOND_MODEL
     assert len(exercises.solve("L10", out)) == 3

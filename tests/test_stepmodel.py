@@ -114,3 +114,11 @@ def test_the_reference_calibration_is_small_sure_of_itself_and_checked_on_held_o
     assert model.median_abs_residual() <= 0.05
     assert model.meta["held_out_median_abs_error"] <= 0.10 and len(model.meta["held_out"]) >= 4
     assert model.meta["machine"]["cpu"] and model.meta["engine"]["model"]
+
+
+def test_run_to_run_noise_is_each_repeat_against_its_points_mean():
+    a, b = stepmodel.Point(1, 64, 4), stepmodel.Point(2, 128, 4)
+    step = [stepmodel.Step(s, ((1, 64),)) for s in (0.010, 0.011, 0.012)]
+    measured = [(a, step[0]), (a, step[0]), (b, step[2]), (a, step[1]), (a, step[1]), (b, step[2])]  # 2 repeats
+    noise = stepmodel.run_to_run(measured)
+    assert noise == pytest.approx([-1 / 21, 1 / 21, 0.0, 0.0])  # a: 20 ms then 22 ms around 21; b: 12 and 12

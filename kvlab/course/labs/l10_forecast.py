@@ -83,6 +83,8 @@ LAB = Lab(
         Param("ttft_slo_x", 3.0, "SLO: TTFT p90 within this many times the forecast unloaded TTFT", positive=True),
         Param("tpot_slo_x", 2.0, "SLO: TPOT p90 within this many times the forecast unloaded TPOT", positive=True),
         Param("second_model", True, "also forecast the other course model, never calibrated on"),
+        Param("speculation_k", 4, "draft tokens per step of the n-gram speculation point (0: no speculation point)",
+              between=(0, 8)),
         Param("enforce_eager", True, "True: no torch.compile; False: compiled (slow first start)"),
         output_param(NAME),
     ),
