@@ -129,17 +129,24 @@ def cold_vs_warm(llm: Any, system: str, turns: list[str], max_tokens: int = 4) -
     return pd.concat([cold.assign(cache="cold"), warm.assign(cache="warm")], ignore_index=True)
 
 
+def sweep_pair(tok: Any, length: int, suffix_tokens: int, repeat: int = 0, repeats: int = 1) -> tuple[list[int], list[int]]:
+    """``prefix_length_sweep``'s cold and warm prompts for one length and repeat: the same ``length``-token prefix,
+    two different ``suffix_tokens``-token suffixes."""
+    prefix = prompt_of_length(tok, length, offset=0)
+    suffixes = distinct_prompts(tok, suffix_tokens, 2 * repeats + 1, seed=length)
+    return prefix + suffixes[2 * repeat], prefix + suffixes[2 * repeat + 1]
+
+
 def prefix_length_sweep(llm: Any, prefix_lengths: list[int], suffix_tokens: int, repeats: int, max_tokens: int = 4) -> pd.DataFrame:
     """Shared prefix of each length + a unique suffix: cold and warm TTFT, and how many tokens were reused."""
 
     tok = llm.get_tokenizer()
     rows = []
     for length in prefix_lengths:
-        prefix = prompt_of_length(tok, length, offset=0)
-        suffixes = distinct_prompts(tok, suffix_tokens, 2 * repeats + 1, seed=length)
         for r in range(repeats):
-            cold = timed_requests(llm, [prefix + suffixes[2 * r]], max_tokens=max_tokens, cold=True)
-            warm = timed_requests(llm, [prefix + suffixes[2 * r + 1]], max_tokens=max_tokens)  # the cold run cached the prefix
+            cold_ids, warm_ids = sweep_pair(tok, length, suffix_tokens, r, repeats)
+            cold = timed_requests(llm, [cold_ids], max_tokens=max_tokens, cold=True)
+            warm = timed_requests(llm, [warm_ids], max_tokens=max_tokens)  # the cold run cached the prefix
             rows += [cold.assign(cache="cold"), warm.assign(cache="warm")]
     df = pd.concat(rows, ignore_index=True)
     df["prefix_tokens"] = df.prompt_tokens - suffix_tokens

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from kvlab.prompts import distinct_prompts, prompt_of_length
 from kvlab.timing import PHASE_COLORS, p95
-from kvlab.workload import Arrival
+from kvlab.workload import Arrival, run_workload
 
 
 def gaps_between(tokens: pd.DataFrame, labels: list[str] | str, start_s: float, end_s: float) -> list[float]:
@@ -34,6 +34,21 @@ def interference_arrivals(tokenizer: Any, decoders: int, decoder_prompt: int, de
     chats = [Arrival(f"decoder {i + 1}", ids, decoder_tokens, 0.0) for i, ids in enumerate(distinct_prompts(tokenizer, decoder_prompt, decoders, seed=5))]
     return chats + [Arrival("long prompt", prompt_of_length(tokenizer, long_prompt, offset=20_000), LONG_PROMPT_OUTPUT_TOKENS,
                             long_at_s)]
+
+
+def arrival_once_streaming(llm: Any, tokenizer: Any, decoders: int, decoder_prompt: int, decoder_tokens: int,
+                           at_least_s: float, tokens_before: int = 6) -> float:
+    """When the long prompt should arrive on this machine: once every decoder has streamed ``tokens_before`` tokens
+    (measured on ``llm``, after an untimed warm-up), with half that time again as margin, and not before
+    ``at_least_s`` — so the decoders' gaps before it exist on a slow machine too."""
+    arrivals = interference_arrivals(tokenizer, decoders, decoder_prompt, decoder_tokens, 64, 0.0)[:decoders]
+    for a in arrivals:
+        a.max_tokens = min(decoder_tokens, tokens_before + 1)
+    run_workload(llm, arrivals)  # warm-up
+    tokens, _ = run_workload(llm, arrivals)
+    streaming = float(tokens[tokens.token == tokens_before].t_s.max())
+    llm.reset_prefix_cache()  # the workload that follows must not reuse these prompts' KV
+    return max(at_least_s, round(1.5 * streaming, 2))
 
 
 def short_behind_long_arrivals(tokenizer: Any, long_prompt: int, short_prompt: int, short_at_s: float) -> list[Arrival]:

@@ -30,7 +30,7 @@ import pandas as pd
 
 from kvlab.runtime.engine import import_vllm
 
-COLUMNS = ["seq", "ts", "event", "block_hash", "parent_hash", "position", "tokens", "token_ids"]
+COLUMNS = ["seq", "ts", "event", "group", "kind", "block_hash", "parent_hash", "position", "tokens", "token_ids"]
 
 
 class Subscriber:
@@ -99,16 +99,18 @@ class Subscriber:
             if kind == "BlockStored":
                 size = event.block_size
                 parent = event.parent_block_hash
+                group = {"group": getattr(event, "group_idx", None), "kind": getattr(event, "kv_cache_spec_kind", None)}
                 for i, h in enumerate(event.block_hashes):
                     position = self._positions.get(parent, -1) + 1
                     self._positions[h] = position
                     ids = list(event.token_ids[i * size : (i + 1) * size])
-                    rows.append({"seq": seq, "ts": batch.ts, "event": "stored", "block_hash": _key(h),
+                    rows.append({"seq": seq, "ts": batch.ts, "event": "stored", **group, "block_hash": _key(h),
                                  "parent_hash": _key(parent), "position": position, "tokens": len(ids), "token_ids": ids})
                     parent = h
             elif kind == "BlockRemoved":
                 for h in event.block_hashes:
-                    rows.append({"seq": seq, "ts": batch.ts, "event": "removed", "block_hash": _key(h), "parent_hash": None,
+                    rows.append({"seq": seq, "ts": batch.ts, "event": "removed", "group": getattr(event, "group_idx", None),
+                                 "kind": None, "block_hash": _key(h), "parent_hash": None,
                                  "position": self._positions.get(h, -1), "tokens": 0, "token_ids": []})
             else:  # AllBlocksCleared
                 rows.append({"seq": seq, "ts": batch.ts, "event": "cleared", "block_hash": None, "parent_hash": None,
@@ -129,11 +131,16 @@ class Subscriber:
             last = now
             time.sleep(quiet_s)
 
-    def table(self) -> pd.DataFrame:
-        """Every event so far, one row per block: sequence number, wall-clock time, event, block hash (hex), parent
-        hash, position in its prefix chain (0 = first block of a prompt), tokens and token ids."""
+    def table(self, group: int | None = None) -> pd.DataFrame:
+        """Every event so far, one row per block: sequence number, wall-clock time, event, KV cache group (vLLM stores
+        a block once per group: a model with sliding-window and full layers has several) and its kind, block hash
+        (hex), parent hash, position in its prefix chain (0 = first block of a prompt), tokens and token ids. With
+        ``group``, that KV cache group's events only (and the "cleared" ones, which concern every group)."""
         with self._lock:
-            return pd.DataFrame(list(self.rows), columns=COLUMNS)
+            table = pd.DataFrame(list(self.rows), columns=COLUMNS)
+        if group is None:
+            return table
+        return table[table.group.isna() | (table.group == group)].reset_index(drop=True)
 
     def clear(self) -> None:
         """Forget the events collected so far (the engine's cache is untouched)."""

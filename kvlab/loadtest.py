@@ -223,14 +223,31 @@ def in_flight_at(requests: pd.DataFrame, t_s: float) -> int:
     return int(((requests.arrival_s <= t_s) & (requests.last_token_s > t_s)).sum())
 
 
+def _growth_window(requests: pd.DataFrame) -> tuple[float, float]:
+    """From the arrival a quarter of the way through the run (by time) to the last arrival."""
+    arrivals = requests.arrival_s.sort_values().to_numpy()
+    t0 = arrivals[min(arrivals.searchsorted(arrivals[0] + (arrivals[-1] - arrivals[0]) / 4), len(arrivals) - 1)]
+    return float(t0), float(arrivals[-1])
+
+
 def backlog_growth(requests: pd.DataFrame) -> float:
     """How fast the requests in the system grew while requests were arriving (requests per second): the change from
     the arrival a quarter of the way through the run (by time) to the last arrival, over the time between. ~0 for a
-    steady backlog; about arrival rate − completion rate when requests arrive faster than they leave."""
-    arrivals = requests.arrival_s.sort_values().to_numpy()
-    t0 = arrivals[min(arrivals.searchsorted(arrivals[0] + (arrivals[-1] - arrivals[0]) / 4), len(arrivals) - 1)]
-    t1 = arrivals[-1]
+    steady backlog; arrival rate − completion rate over that window (``arrivals_and_completions``)."""
+    t0, t1 = _growth_window(requests)
     return (in_flight_at(requests, t1) - in_flight_at(requests, t0)) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def arrivals_and_completions(requests: pd.DataFrame) -> dict[str, float]:
+    """Over ``backlog_growth``'s window: requests that arrived and that completed per second, and the window (s) —
+    so that arrived − completed is the growth, not the whole run's throughput, which includes the drain."""
+    t0, t1 = _growth_window(requests)
+    span = t1 - t0
+    if span <= 0:
+        return {"window_s": 0.0, "arrived_rps": math.nan, "completed_rps": math.nan}
+    arrived = ((requests.arrival_s > t0) & (requests.arrival_s <= t1)).sum()
+    completed = ((requests.last_token_s > t0) & (requests.last_token_s <= t1)).sum()
+    return {"window_s": span, "arrived_rps": float(arrived / span), "completed_rps": float(completed / span)}
 
 
 def warm_up(llm: Any, maker: Requests, jobs: int = 2) -> None:

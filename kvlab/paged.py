@@ -250,10 +250,12 @@ def expected_stored(results: pd.DataFrame, block_size: int) -> int:
 
 def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefix_ids: list[int], block_size: int,
                  bytes_per_token: int, output_tokens: int, max_model_len: int, subscriber: Any = None,
-                 concurrency: int = 1, model: str | None = None, **engine_args: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                 concurrency: int = 1, model: str | None = None, group: int | None = None,
+                 **engine_args: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The same traffic on an engine of each budget (whole blocks): per-request rows (with the prefix hit and, for
     sequential traffic, the predicted one), one row per budget of the engine's own counters and histograms, and the
-    KV cache events (when a ``kvevents.Subscriber`` is given). Each engine is closed before the next starts."""
+    KV cache events (when a ``kvevents.Subscriber`` is given; of KV cache ``group`` only, where the model has
+    several). Each engine is closed before the next starts."""
     from tqdm.auto import tqdm
 
 
@@ -281,7 +283,7 @@ def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefi
                "engine_query_tokens": after["queries"] - before["queries"], **residency}
         if subscriber:
             subscriber.wait_quiet()
-            ev = subscriber.table()
+            ev = subscriber.table(group)
             ev = ev.assign(budget_blocks=blocks, owner=kvevents.owners(ev, {"shared prefix": prefix_ids}, block_size))
             event_tables.append(ev.drop(columns=["token_ids"]))
             row |= {"stored_events": int((ev.event == "stored").sum()), "removed_events": int((ev.event == "removed").sum()),

@@ -91,7 +91,9 @@ def steady_state(requests: pd.DataFrame, warmup_fraction: float = 0.2, min_warmu
 
 
 def rate_point(requests: pd.DataFrame, slo: SLO) -> dict[str, float]:
-    """One load point's numbers: requests behind the percentiles, duration (first arrival → last token), throughput,
+    """One load point's numbers: requests behind the percentiles, duration (first arrival → last token), the rate they
+    actually arrived at (``arrived_rps``: gaps between first and last arrival; a short run's throughput sits below it
+    by the last request's E2E, which the duration includes), throughput,
     goodput, attainment, output tokens/s, TTFT/TPOT/E2E mean, p50 and p(SLO), each objective's percentile ÷ threshold
     (``ttft_ratio``…; ≤ 1 meets), the worst of them (``slo_ratio``) and whether the SLO is met."""
     if requests.empty:
@@ -99,7 +101,9 @@ def rate_point(requests: pd.DataFrame, slo: SLO) -> dict[str, float]:
     q = slo.percentile
     duration = float(requests.last_token_s.max() - requests.arrival_s.min())
     n_good = int(good(requests, slo).sum())
+    arriving = float(requests.arrival_s.max() - requests.arrival_s.min())
     row: dict[str, float] = {"requests": len(requests), "duration_s": duration,
+                             "arrived_rps": (len(requests) - 1) / arriving if arriving > 0 else math.nan,
                              "throughput_rps": len(requests) / duration, "goodput_rps": n_good / duration,
                              "attainment": n_good / len(requests),
                              "output_tokens_per_s": float(requests.output_tokens.sum()) / duration}

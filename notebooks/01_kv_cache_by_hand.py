@@ -293,10 +293,14 @@ default_step = int(sliding.max_num_batched_tokens[0])
 print(f"A {window}-token window needs {int(sliding.ideal_blocks_per_request[0])} blocks per sequence; vLLM reserves "
       f"{sliding.engine_blocks_per_request[0]:.0f} with {default_step:,} tokens per step and {sliding.engine_blocks_per_request[1]:.0f} with 512 "
       f"(full attention: {checks.engine_blocks[0] / full_conc:.0f}).")
+saved = checks.engine_blocks[0] / full_conc - sliding.engine_blocks_per_request[0]
+print(f"At max_model_len {int(sliding.max_model_len[0]):,} and the default step budget the window "
+      + (f"saves {saved:.0f} blocks per sequence." if saved >= 1 else "saves nothing." if saved > -1 else
+         f"costs {-saved:.0f} block(s) per sequence more than full attention."))
 
 # %% [markdown]
 # With the default step budget the reservation is `min(255 + step tokens, max_model_len)`: at a short `max_model_len`
-# the window saves nothing at all. A smaller `max_num_batched_tokens` brings the reservation towards the window — at
+# the window saves little or nothing (the line above says which, on this run). A smaller `max_num_batched_tokens` brings the reservation towards the window — at
 # the price of prefilling long prompts in more, smaller steps (lesson 04). The same arithmetic sizes Gemma-3's five
 # local layers of six; `sizing.vllm_kv_plan` also groups the layers the way the engine does.
 

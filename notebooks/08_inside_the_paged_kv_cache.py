@@ -29,7 +29,10 @@ env = kvlab.print_env()
 # %% [markdown]
 # ## 1. An engine that reports its blocks
 #
-# The subscriber starts before the engine (so no event is missed) and is closed at the end of the lesson.
+# The subscriber starts before the engine (so no event is missed) and is closed at the end of the lesson. The engine
+# groups its layers into **KV cache groups** (vLLM's `get_kv_cache_groups`): all layers alike make one group; a model
+# with sliding-window and full-attention layers has several, and vLLM stores every block once **per group** (each
+# `BlockStored` event names its group). This lesson follows the full-attention group's blocks.
 
 # %%
 import pandas as pd
@@ -42,6 +45,9 @@ llm = kvlab.make_engine(enforce_eager=True, **sub.engine_args())
 cap = kvlab.kv_capacity(llm)
 B, tok = cap.block_size, llm.get_tokenizer()
 print(cap)
+groups = kvlab.kv_groups(llm)  # one for an attention-only model; sliding-window and full layers make several
+full = int(groups[groups.full_attention].group.min()) if groups.full_attention.any() else 0
+groups
 
 # %% [markdown]
 # ## 2. One request's blocks
@@ -59,7 +65,8 @@ ids = prompt_of_length(tok, 3 * B + B // 8 + 1)  # 3 full blocks + a partial one
 before = prefix_counters(llm)
 first = paged.run_sequential(llm, [("first", ids), ("again", ids)], max_tokens=2)
 sub.wait_quiet()
-events = sub.table()
+per_group = sub.table().query("event == 'stored'").groupby("group").size()
+events = sub.table(group=full)
 after = prefix_counters(llm)
 events[["seq", "event", "block_hash", "parent_hash", "position", "tokens"]]
 
@@ -68,6 +75,7 @@ stored = events[events.event == "stored"]
 hits = after["hits"] - before["hits"]
 print(f"{len(ids)} prompt tokens → {len(stored)} blocks stored of {B} tokens (⌊{len(ids)} ÷ {B}⌋ = {len(ids) // B}); "
       f"the second identical request found {first.cached_tokens.iloc[1]} cached tokens; the engine's hit counter: {hits:.0f} tokens")
+print(f"{len(groups)} KV cache group(s); blocks stored per group: {per_group.to_dict()}")
 assert len(stored) == len(ids) // B and hits == len(stored) * B == first.cached_tokens.iloc[1]
 
 # %% [markdown]
@@ -83,7 +91,7 @@ prefix = prompt_of_length(tok, 2 * B, offset=50_000)
 a, b = prefix + prompt_of_length(tok, B + 5, offset=60_000), prefix + prompt_of_length(tok, B + 5, offset=70_000)
 pair = paged.run_sequential(llm, [("A", a), ("B", b)], max_tokens=2)
 sub.wait_quiet()
-events = sub.table()
+events = sub.table(group=full)
 events["owner"] = kvevents.owners(events, {"A": a, "B": b}, B)
 events[events.event == "stored"][["seq", "block_hash", "parent_hash", "position", "owner"]]
 
@@ -127,7 +135,7 @@ for phase, requests in phases:
 sub.wait_quiet()
 end = time.time()
 pool = pd.concat(rows, ignore_index=True)
-pool_events = sub.table()
+pool_events = sub.table(group=full)
 labels = kvevents.owners(pool_events, {"shared prefix": sys_prefix, **{f"unique {i}": u for i, u in enumerate(unique)}}, B)
 life = kvevents.lifetimes(pool_events, labels.where(labels.str.startswith("shared") | (labels == ""), "unique"))
 pool.groupby(["phase", "label"]).agg(requests=("cached_tokens", "size"), cached_tokens=("cached_tokens", "mean"),
@@ -174,7 +182,8 @@ budgets = sorted({max(prefix_blocks + 2, need - 4), need - 1, need, need + 4})
 print(f"prefix {prefix_blocks} blocks; lesson 01's arithmetic: every shared request hits from {need} blocks "
       f"({need * B:,} tokens, {need * B * cap.bytes_per_token / 2**20:.1f} MiB) up")
 budget_runs, engine_rows, budget_events = paged.budget_sweep(traffic, budgets, prefix_ids, B, cap.bytes_per_token, 2,
-                                                             (prefix_blocks + 1) * B, subscriber=sub, enforce_eager=True)
+                                                             (prefix_blocks + 1) * B, subscriber=sub, enforce_eager=True,
+                                                             group=full)
 by_budget = paged.budget_table(budget_runs, engine_rows, B, cap.bytes_per_token).set_index("budget_blocks")
 by_budget[["budget_tokens", "budget_mib", "token_hit_rate", "shared_requests", "prefix_hits", "predicted_hits",
            "shared_ttft_p50_ms", "shared_ttft_p95_ms", "prefix_blocks_evicted"]].round(3)

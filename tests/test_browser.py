@@ -140,3 +140,38 @@ def test_notebook_01_calculator_in_a_real_browser(jupyterlab):
     assert after != before
     assert f"{int(readout.strip())} sequences" in title.replace("\xa0", " "), f"the redrawn plot's title does not show the new value: {title!r}"
     assert (artifacts / "browser-notebook01-after.png").stat().st_size > 20_000
+
+
+@pytest.mark.notebook
+def test_a_built_page_shows_its_formula_and_calculator_with_the_network_blocked(tmp_path):
+    """A lesson page as ``make course`` builds it (a formula, the KV calculator executed by a kernel), opened from disk
+    in Chromium with every http(s) request refused: the formula renders as MathML, the calculator's figure draws, and
+    the page asked for nothing on the network."""
+    browser_path = chromium()
+    if browser_path is None:
+        pytest.skip("No Chromium on this machine: install Debian's 'chromium' package or point KVLAB_CHROMIUM at one.")
+    from playwright.sync_api import sync_playwright
+
+    from kvlab.course import build
+    from kvlab.runtime import kernels
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("$$\\text{KV bytes} = 2 \\times \\text{layers} \\times \\text{kv\\_heads}$$"),
+        nbformat.v4.new_code_cell("import kvlab\n\nkvlab.setup_notebook()\nkvlab.widgets.kv_calculator()")])
+    nbformat.write(nb, tmp_path / "page.ipynb")
+    kernels.execute(str(tmp_path / "page.ipynb"), str(tmp_path / "executed.ipynb"), cwd=str(tmp_path))
+    page_path = build.to_html(tmp_path / "executed.ipynb", tmp_path / "html")
+    asked: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=browser_path, headless=True, args=CHROMIUM_FLAGS)
+        page = browser.new_page()
+        page.route("http*://**", lambda route: (asked.append(route.request.url), route.abort()))
+        try:
+            page.goto(page_path.as_uri())
+            page.wait_for_selector("math mtext", timeout=30_000)
+            assert "kv_heads" in page.locator("math").first.text_content()
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)  # the calculator's figure, drawn
+            page.screenshot(path=str(tmp_path / "offline.png"))
+        finally:
+            browser.close()
+    assert asked == [], asked

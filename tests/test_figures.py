@@ -32,3 +32,32 @@ def test_lesson_figures_keep_their_labels_within_the_data():
     fig = prefill_decode.crossover_plot(medians, [16], {16: 600.0})
     xs = [a.x for a in fig.layout.annotations if a.text and "crossover" in a.text]
     assert xs == [math.log10(600.0)]
+
+
+def test_a_label_in_the_wrong_units_is_caught_and_a_right_one_is_not():
+    fig = go.Figure(go.Scatter(x=[1, 10], y=[10, 1000]))
+    fig.add_hline(y=500, annotation_text="SLO 500 ms")
+    fig.update_layout(yaxis_type="log")
+    problems = figures.overreach(fig)  # 500 read as 10^500
+    assert len(problems) == 1 and "SLO 500 ms" in problems[0] and "10^500" in problems[0], problems
+    assert figures.overreach(figures.place_on_log_axes(fig)) == []
+    linear = go.Figure(go.Scatter(x=[0, 1], y=[0.2, 0.9]))
+    linear.update_layout(yaxis_range=[0, 1.05])
+    assert figures.overreach(linear) == []
+    linear.update_layout(xaxis_range=[0, 1e6])
+    assert figures.overreach(linear) == ["the x axis range at 1e+06 on an axis whose data span 0–1"]
+
+
+def test_the_build_flags_a_notebook_whose_figure_overreaches(tmp_path):
+    import nbformat
+
+    from kvlab.course import build
+
+    fig = go.Figure(go.Scatter(x=[1, 10], y=[10, 1000]))
+    fig.add_hline(y=500, annotation_text="SLO")
+    fig.update_layout(yaxis_type="log")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fig", outputs=[nbformat.v4.new_output(
+        "display_data", data={"application/vnd.plotly.v1+json": fig.to_plotly_json()})])])
+    path = tmp_path / "nb.ipynb"
+    path.write_text(nbformat.writes(nb))
+    assert [p.split(":")[0] for p in build.figure_problems(path)] == ["cell 0"]

@@ -191,3 +191,11 @@ def test_a_sweep_whose_top_rate_kept_up_doubles_it_until_the_queue_grows(monkeyp
     assert sorted(set(swept.rate_rps) - {4.0}) == added  # at most two more; none when 4 req/s already overloads
     top = swept[swept.rate_rps == swept.rate_rps.max()]
     assert (loadtest.backlog_growth(top) > loadtest.OVERLOAD_GROWTH_RPS) == (capacity_rps < 16)
+
+
+def test_backlog_growth_is_arrivals_minus_completions_over_its_window():
+    run = queue(4.0, 2.5)  # arrivals at 4 req/s, served at 2.5 req/s
+    flow = loadtest.arrivals_and_completions(run)
+    growth = loadtest.backlog_growth(run)
+    assert flow["arrived_rps"] - flow["completed_rps"] == pytest.approx(growth)
+    assert flow["arrived_rps"] == pytest.approx(4.0, rel=0.1) and growth == pytest.approx(1.5, rel=0.2)

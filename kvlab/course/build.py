@@ -11,9 +11,10 @@ import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
-from kvlab.runtime import config, kernels
+from kvlab.runtime import config, figures, kernels
 
 
 @dataclass
@@ -61,17 +62,75 @@ _LESSON_LINK = re.compile(r'href="([0-9]{2}_[A-Za-z0-9_]+)\.ipynb(#[^"]*)?"')
 
 
 def to_html(executed: Path, out_dir: Path) -> Path:
-    """Convert an executed notebook to a standalone HTML page (plots embedded, works offline). Links to other lessons
+    """Convert an executed notebook to a standalone HTML page that works offline: plots embedded, formulas as MathML,
+    widgets replaced by what they showed when the notebook ran (``static_widgets``), no script from a CDN. Links to other lessons
     are written once, as JupyterLab follows them (``03_prefix_caching.ipynb#4.-Token-identity…``); here they become
     links to the lessons' pages (``03_prefix_caching.html#…``), anchors unchanged."""
+    import nbformat
     from nbconvert import HTMLExporter
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    body, _ = HTMLExporter(template_name="lab").from_filename(str(executed))
+    nb = math_as_mathml(static_widgets(nbformat.read(executed, as_version=4)))
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    body = offline_page(body)
     body = _LESSON_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
     page = out_dir / f"{executed.stem}.html"
     page.write_text(body, encoding="utf-8")
     return page
+
+
+#: Display formulas in rendered Markdown (``$$…$$``), turned into MathML (browsers render it without MathJax).
+_DISPLAY_MATH = re.compile(r"\$\$(.+?)\$\$", re.S)
+#: Scripts nbconvert's template loads from a CDN: MathJax (and its config) and require.js (for the widget manager).
+_CDN_SCRIPTS = re.compile(r'<script[^>]*src="https?://[^"]*(?:mathjax|require\.js|jupyter-widgets)[^"]*"[^>]*>\s*</script>'
+                          r'|<script type="text/x-mathjax-config">.*?</script>', re.S | re.I)
+
+
+def offline_page(body: str) -> str:
+    """A page that needs no network: the CDN's MathJax and require.js scripts removed (formulas are MathML already)."""
+    return _CDN_SCRIPTS.sub("", body)
+
+
+def math_as_mathml(nb: Any) -> Any:
+    """Every ``$$…$$`` formula of the Markdown cells as MathML, which browsers render without MathJax (and offline)."""
+    import latex2mathml.converter
+
+    def mathml(m: re.Match) -> str:
+        tex = re.sub(r"\\text\{([^}]*)\}", lambda t: r"\text{" + t.group(1).replace(r"\_", "_") + "}", m.group(1))
+        return latex2mathml.converter.convert(tex, display="block")
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _DISPLAY_MATH.sub(mathml, cell.source)
+    return nb
+
+
+def static_widgets(nb: Any) -> Any:
+    """Each widget view replaced by the outputs its Output widgets held when the notebook ran (saved in the notebook's
+    widget state), with a note: a static page has no kernel to redraw them, and no widget manager to load."""
+    import nbformat
+
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+
+    def held(model_id: str) -> list[dict]:
+        model = state.get(model_id, {})
+        if model.get("model_name") == "OutputModel":
+            return list(model.get("state", {}).get("outputs", []))
+        return [o for child in model.get("state", {}).get("children", []) for o in held(child.removeprefix("IPY_MODEL_"))]
+
+    note = {"output_type": "display_data", "metadata": {}, "data": {"text/markdown": (
+        "*An interactive widget: in JupyterLab its controls redraw this output; this page shows what it drew when the "
+        "lesson ran.*")}}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            outputs += [nbformat.from_dict(o) for o in [note, *held(view["model_id"])]] if view else [out]
+        cell.outputs = outputs
+    nb.metadata.pop("widgets", None)
+    return nb
 
 
 class _Anchors(HTMLParser):
@@ -148,12 +207,31 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None, run: boo
             if before is not None:
                 os.environ["KVLAB_STARTUP_LOG"] = before
         seconds = time.perf_counter() - start
+        if run and not error and executed.exists():
+            problems = figure_problems(executed)
+            error = f"a figure reaches far beyond its data ({problems[0]})" if problems else ""
         starts = startup_seconds(startup_log)
         page = to_html(executed, out / "html") if executed.exists() else None
         runs.append(NotebookRun(nb.stem, notebook_title(nb), not error, seconds, executed, page, error,
                                 min(sum(starts), seconds), len(starts)))
     index = write_index(runs, out)
     return index, runs
+
+
+def figure_problems(executed: Path) -> list[str]:
+    """Every plotly figure of an executed notebook checked for labels or axis ranges far beyond its data
+    (``figures.overreach``): one line per problem, naming the cell."""
+    import nbformat
+    import plotly.io as pio
+
+    problems = []
+    for i, cell in enumerate(nbformat.read(executed, as_version=4).cells):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            spec = out.get("data", {}).get("application/vnd.plotly.v1+json")
+            if spec is not None:
+                fig = pio.from_json(json.dumps(spec))
+                problems += [f"cell {i}: {p}" for p in figures.overreach(fig)]
+    return problems
 
 
 def startup_seconds(log: Path) -> list[float]:

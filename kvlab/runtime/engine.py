@@ -25,6 +25,7 @@ from kvlab.runtime.quiet import log_path, quiet
 from kvlab.runtime.templates import chat_template
 
 if TYPE_CHECKING:
+    import pandas as pd
     from vllm import LLM
 
 
@@ -199,6 +200,14 @@ class KVCapacity:
         return asdict(self)
 
     def __str__(self) -> str:
+        slots = self.num_blocks * self.block_size
+        if self.tokens != slots:  # several KV cache groups (sliding-window and full layers) share the blocks
+            return (
+                f"{self.num_blocks:,} blocks × {self.block_size} tokens = {slots:,} block slots, shared by the model's KV "
+                f"cache groups (vLLM stores each block once per group, and sliding-window groups keep only their window): "
+                f"vLLM counts {self.tokens:,} tokens of KV ({self.kv_dtype}); "
+                f"{self.max_concurrency:.2f} sequences of {self.max_model_len:,} tokens fit at once"
+            )
         return (
             f"{self.num_blocks:,} blocks × {self.block_size} tokens = {self.tokens:,} tokens of KV "
             f"({self.bytes / 2**30:.2f} GiB, {self.bytes_per_token:,} B/token, {self.kv_dtype}); "
@@ -228,6 +237,27 @@ def kv_capacity(llm: LLM) -> KVCapacity:
         max_model_len=int(vcfg.model_config.max_model_len),
         max_concurrency=float(cache.kv_cache_max_concurrency or tokens / vcfg.model_config.max_model_len),
     )
+
+
+def kv_groups(llm: Any) -> pd.DataFrame:
+    """The engine's KV cache groups, as vLLM forms them from its layers' specs (``vllm/v1/core/kv_cache_utils.py``,
+    ``get_kv_cache_groups``): one row per group with its kind (full attention, sliding window of W tokens, …) and
+    layers. An attention-only model has one group; sliding-window and full layers make several, and vLLM stores each
+    block once per group (``BlockStored.group_idx``)."""
+    import pandas as pd
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+
+    specs: dict[str, Any] = {}
+    for worker_specs in llm.collective_rpc("get_kv_cache_spec"):
+        specs.update(worker_specs)
+    rows = []
+    for i, group in enumerate(get_kv_cache_groups(llm.llm_engine.vllm_config, specs)):
+        spec = group.kv_cache_spec
+        window = getattr(spec, "sliding_window", None)
+        kind = f"sliding window of {window} tokens" if window else type(spec).__name__.removesuffix("Spec")
+        rows.append({"group": i, "kind": kind, "full_attention": type(spec).__name__ == "FullAttentionSpec",
+                     "layers": len(group.layer_names), "block_size": spec.block_size})
+    return pd.DataFrame(rows)
 
 
 def close_engine(llm: LLM | None) -> None:

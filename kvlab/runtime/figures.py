@@ -31,3 +31,52 @@ def place_on_log_axes(fig: Any) -> Any:
                 setattr(ann, letter, math.log10(value))
         ann.name = _PLACED
     return fig
+
+
+def _numbers(values: Any) -> list[float]:
+    """The finite numbers among a trace's coordinates (categories, dates and gaps left out)."""
+    if values is None:
+        return []
+    out = []
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def overreach(fig: Any, decades: float = 2.0) -> list[str]:
+    """Annotations and axis ranges that lie far beyond the plotted data: on a log axis more than ``decades`` decades
+    past it, on a linear one more than 10 spans — the mark of a label placed in the wrong units. One line each."""
+    extents: dict[str, list[float]] = {}
+    for trace in fig.data:
+        for letter in ("x", "y"):
+            ref = getattr(trace, f"{letter}axis", None) or letter
+            extents.setdefault(ref, []).extend(_numbers(getattr(trace, letter, None)))
+    problems = []
+
+    def check(ref: str, value: float, what: str) -> None:
+        axis, data = _axis(fig, ref), extents.get(ref, [])
+        if axis is None or not data:
+            return
+        if axis.type == "log":
+            logs = [math.log10(v) for v in data if v > 0]
+            if logs and (value > max(logs) + decades or value < min(logs) - decades):
+                problems.append(f"{what} at 10^{value:.3g} on a log axis whose data span 10^{min(logs):.2g}–10^{max(logs):.2g}")
+        else:
+            lo, hi = min(data), max(data)
+            span = max(hi - lo, abs(hi), 1e-12)
+            if value > hi + 10 * span or value < lo - 10 * span:
+                problems.append(f"{what} at {value:.3g} on an axis whose data span {lo:.3g}–{hi:.3g}")
+
+    for ann in fig.layout.annotations:
+        for letter in ("x", "y"):
+            ref, value = getattr(ann, f"{letter}ref") or letter, getattr(ann, letter)
+            if isinstance(value, (int, float)) and ref != "paper" and not ref.endswith("domain"):
+                check(ref, float(value), f"annotation '{(ann.text or '')[:40]}'")
+    for ref in extents:
+        axis = _axis(fig, ref)
+        if axis is not None and axis.range is not None:
+            for value in axis.range:
+                if isinstance(value, (int, float)):
+                    check(ref, float(value), f"the {ref} axis range")
+    return problems
