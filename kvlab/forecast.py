@@ -140,24 +140,15 @@ def replay_hits(setup: Setup, prompts: list[list[int]], max_tokens: int = 1) -> 
     """Each prompt run to completion on vLLM's scheduler, one after another (prefix cache kept between them, emptied
     before the first): the tokens each found in the prefix cache — the engine's own hit rule for any layout, sliding-
     window and hybrid groups included (``HybridKVCacheCoordinator.find_longest_cache_hit``)."""
-    from vllm.v1.outputs import ModelRunnerOutput
+    apart = [Arrival(f"replay {i}", list(ids), max_tokens, at_s=1e6 * i) for i, ids in enumerate(prompts)]
+    return [int(n) for n in simulate(setup, apart, _UnitSteps()).requests.cached_tokens]
 
-    sched, hits = new_scheduler(setup), []
-    for i, ids in enumerate(prompts):
-        sched.add_request(new_request(Arrival(f"replay {i}", list(ids), max_tokens, 0.0), setup))
-        first = True
-        while sched.has_requests():
-            out = sched.schedule()
-            if first and out.scheduled_new_reqs:
-                hits.append(int(out.scheduled_new_reqs[0].num_computed_tokens))
-                first = False
-            ids_now = list(out.num_scheduled_tokens)
-            sampled = [[STAND_IN_TOKEN] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else []
-                       for r in ids_now]
-            sched.update_from_output(out, ModelRunnerOutput(req_ids=ids_now, req_id_to_index={r: k for k, r in
-                                                                                             enumerate(ids_now)},
-                                                            sampled_token_ids=sampled))
-    return hits
+
+class _UnitSteps:
+    """Every step lasts 1 ms: for a replay where only what the scheduler decides matters, not when."""
+
+    def step_ms(self, step: Step) -> float:
+        return 1.0
 
 
 @dataclass

@@ -172,13 +172,17 @@ OVERLOAD_GROWTH_RPS = 0.5
 
 
 def extend_to_overload(llm: Any, maker: Requests, sweep: pd.DataFrame, seconds: float, min_requests: int = 12,
-                       factor: float = 2.0, tries: int = 2, seed: int = 0, **run_args: Any) -> pd.DataFrame:
-    """Add a rate at ``factor`` × the top one while the top rate did not overload the engine, at most ``tries`` times.
-    A closed loop's saturation understates an open loop's capacity (the open loop batches more requests than there
-    were users) by an amount that depends on the machine and model, so a fixed multiple of it may not overload."""
+                       factor: float = 2.0, tries: int = 2, seed: int = 0, objective: slo.SLO | None = None,
+                       **run_args: Any) -> pd.DataFrame:
+    """Add a rate at ``factor`` × the top one while the top rate did not overload the engine — its backlog did not
+    grow, or it still met ``objective`` — at most ``tries`` times. A closed loop's saturation understates an open
+    loop's capacity (the open loop batches more requests than there were users) by an amount that depends on the
+    machine and model, and a short run whose requests all fit in one batch can queue without breaking an SLO."""
     for _ in range(tries):
         top = float(sweep.rate_rps.max())
-        if backlog_growth(sweep[sweep.rate_rps == top]) > OVERLOAD_GROWTH_RPS:
+        run = sweep[sweep.rate_rps == top]
+        met = objective is not None and slo.rate_point(slo.steady_state(run), objective)["meets_slo"]
+        if backlog_growth(run) > OVERLOAD_GROWTH_RPS and not met:
             break
         more = run_open_loop(llm, maker, [round(top * factor, 2)], seconds, min_requests, seed, progress=False, **run_args)
         sweep = pd.concat([sweep, more], ignore_index=True)

@@ -141,7 +141,8 @@ def task_messages(task: str, count: int, seed: int = 0) -> list[list[dict[str, s
 def time_tasks(llm: Any, tasks: list[str], requests: int, max_tokens: int, repeats: int = 1, seed: int = 0,
                **settings: Any) -> pd.DataFrame:
     """Each task's requests one at a time, streamed (chunk times and sizes), greedy, stopping at end of text; per task
-    the engine's acceptance counters. One row per request and repeat, ``settings`` attached (e.g. ``k=4``)."""
+    the engine's acceptance counters, coverage, and tokens per decode step (1 + accepted ÷ decode steps: what one step
+    yields). One row per request and repeat, ``settings`` attached (e.g. ``k=4``)."""
     from tqdm.auto import tqdm
 
 
@@ -157,6 +158,7 @@ def time_tasks(llm: Any, tasks: list[str], requests: int, max_tokens: int, repea
             steps = sum(len(r["chunk_tokens"]) - 1 for r in task_rows)  # decode steps: every chunk after the first
             rows += [r | {"task_acceptance_rate": acc["acceptance_rate"], "task_mean_acceptance_length":
                           acc["mean_acceptance_length"], "task_coverage": coverage(acc["drafts"], steps),
+                          "task_tokens_per_step": 1 + acc["accepted_tokens"] / steps if steps else float("nan"),
                           **settings} for r in task_rows]
     return pd.DataFrame(rows)
 
@@ -233,18 +235,20 @@ def batch_run(llm: Any, prompts: list[list[int]], batch_sizes: list[int], max_to
 
 
 def speedups(runs: pd.DataFrame, by: tuple[str, ...] = ("task",)) -> pd.DataFrame:
-    """Per group and k: TPOT p50/p95, E2E p50, acceptance (and, from ``time_tasks``, coverage and acceptance ×
-    coverage), and the speed-up in TPOT p50 over k = 0 (> 1: faster)."""
+    """Per group and k: TPOT p50/p95, E2E p50, acceptance (and, from ``time_tasks``, coverage, acceptance × coverage
+    and tokens per decode step), and the speed-up in TPOT p50 over k = 0 (> 1: faster)."""
 
     tpot = "client_tpot_s" if "client_tpot_s" in runs else "tpot_s"
     e2e = "client_e2e_s" if "client_e2e_s" in runs else "e2e_s"
     acc = "task_acceptance_rate" if "task_acceptance_rate" in runs else "acceptance_rate"
     keys = [*by, "k"]
     extra = {"coverage": ("task_coverage", "median")} if "task_coverage" in runs else {}
+    if "task_tokens_per_step" in runs:
+        extra["tokens_per_step"] = ("task_tokens_per_step", "median")
     table = runs.groupby(keys).agg(requests=(tpot, "size"), tpot_p50_ms=(tpot, lambda s: s.median() * 1e3),
                                    tpot_p95_ms=(tpot, lambda s: p95(s) * 1e3), e2e_p50_s=(e2e, "median"),
                                    acceptance_rate=(acc, "median"), **extra).reset_index()
-    if extra:
+    if "coverage" in table:
         table["acceptance_x_coverage"] = table.acceptance_rate * table.coverage
     base = table[table.k == 0].set_index(list(by)).tpot_p50_ms
     table["speedup"] = [base.get(tuple(r[list(by)]) if len(by) > 1 else r[by[0]], float("nan")) / r.tpot_p50_ms

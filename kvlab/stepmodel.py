@@ -335,11 +335,13 @@ class Point:
 
 
 def calibration_points(quick: bool) -> list[Point]:
-    """The sweep the model is fitted on: prefills of several lengths alone, and small batches decoding at short
-    contexts. Held-out checks use larger batches and longer contexts than any of these."""
+    """The sweep the model is fitted on: prefills of several lengths alone; batches of up to 8 sequences decoding at
+    short contexts, and of up to 4 at ~512 tokens — enough KV read for its term to be measured, not guessed. Held-out
+    checks use more sequences at longer contexts than any of these."""
     prefills = [Point(1, p, 2) for p in ((64, 256, 512) if quick else (64, 128, 256, 512, 1024))]
-    decodes = [Point(b, p, 24 if quick else 32) for b in ((1, 2, 4) if quick else (1, 2, 3, 4)) for p in (64, 256)]
-    return prefills + decodes
+    short = [(1, 64), (2, 64), (4, 64), (8, 64)] if quick else [(b, p) for b in (1, 2, 4, 8) for p in (64, 256)]
+    long = [(1, 512), (4, 512)] if quick else [(1, 512), (2, 512), (4, 512)]
+    return prefills + [Point(b, p, 16 if quick else 32) for b, p in short + long]
 
 
 def measure(llm: Any, points: list[Point], repeats: int, seed: int = 0) -> list[tuple[Point, Step]]:
@@ -451,7 +453,7 @@ def held_out_points(quick: bool) -> list[Point]:
     """Compositions the calibration never has: more sequences at longer contexts, and a longer prefill."""
     if quick:
         return [Point(8, 1024, 16)]
-    return [Point(8, 1024, 24), Point(6, 512, 24), Point(16, 384, 24), Point(1, 2048, 2)]
+    return [Point(8, 1024, 24), Point(12, 768, 24), Point(16, 384, 24), Point(1, 2048, 2)]
 
 
 def check_costable(model_name: str | None) -> None:

@@ -348,19 +348,15 @@ from IPython.display import Markdown
 
 longest, shortest = prompt_lengths[-1], prompt_lengths[0]
 lowest = min(runs.ttft_over_bound.min(), runs.tpot_over_bound.min())
-bound_sentence = (f"No request beat its bound (lowest measured ÷ bound: TTFT {runs.ttft_over_bound.min():.2f}, TPOT {runs.tpot_over_bound.min():.2f})."
-                  if lowest >= 1 else
-                  f"The fastest prefill came within {1 - lowest:.0%} *under* its bound — inside the noise of measuring the peak on a shared machine (the check allows 10 %).")
+bound_sentence = kvlab.claim(lowest >= 1, f"No request beat its bound (lowest measured ÷ bound: TTFT {runs.ttft_over_bound.min():.2f}, TPOT {runs.tpot_over_bound.min():.2f}).",
+                             f"The fastest prefill came within {1 - lowest:.0%} *under* its bound — inside the noise of measuring the peak on a shared machine (the check allows 10 %).")
 tpot_change = med.tpot_s_p50.iloc[-1] / med.tpot_s_p50.iloc[0] - 1
-if abs(tpot_change) < 0.15:
-    decode_words = "decode's pace hardly depended on the prompt"
-elif tpot_change > 0:
-    decode_words = (f"decode slowed too, by {tpot_change:.0%} (each step reads the longer context's KV), but far less "
-                    "than prefill grew")
-else:
-    decode_words = (f"TPOT *fell* {-tpot_change:.0%} — a longer context cannot speed a decode step up, so on this run "
-                    "the short prompts' decodes were slowed by something else (a busy machine: see the stalls below); "
-                    "rerun to measure it")
+decode_words = kvlab.claim(
+    tpot_change > -0.15,
+    "decode's pace hardly depended on the prompt" if abs(tpot_change) < 0.15 else
+    f"decode slowed too, by {tpot_change:.0%} (each step reads the longer context's KV), but far less than prefill grew",
+    f"TPOT *fell* {-tpot_change:.0%} — a longer context cannot speed a decode step up, so on this run the short prompts' "
+    "decodes were slowed by something else (a busy machine: see the stalls below); rerun to measure it")
 
 
 def pct(x):

@@ -266,13 +266,11 @@ from IPython.display import Markdown
 
 on, off = table.loc["on"], table.loc["off"]
 p95_change = on.ttft_s_p95 / off.ttft_s_p95 - 1
-if abs(p95_change) <= 0.1:
-    p95_sentence = f"The p95 barely moved ({p95_change:+.0%}): it is set by the unique 20 %, which no prefix cache helps."
-elif p95_change > 0:
-    p95_sentence = (f"The p95 rose {p95_change:.0%} with caching on: the tail is the unique 20 %, which no prefix cache "
-                    f"helps, and over {len(mixed_on)} requests it moves with where they land in the queue.")
-else:
-    p95_sentence = f"Even p95 dropped ({p95_change:+.0%}): few unique requests landed in the tail this time."
+p95_sentence = kvlab.claim(
+    abs(p95_change) <= 0.1, f"The p95 barely moved ({p95_change:+.0%}): it is set by the unique 20 %, which no prefix cache helps.",
+    f"The p95 rose {p95_change:.0%} with caching on: the tail is the unique 20 %, which no prefix cache helps, and over "
+    f"{len(mixed_on)} requests it moves with where they land in the queue." if p95_change > 0 else
+    f"Even p95 dropped ({p95_change:+.0%}): few unique requests landed in the tail this time.")
 Markdown(f"""
 - With a {shared:,}-token shared prefix, median TTFT fell from **{cold_ms:.0f} ms cold to {warm_ms:.0f} ms warm**
   ({cold_ms / warm_ms:.1f}×, {cold_ms - warm_ms:.0f} ms saved per request).

@@ -143,12 +143,12 @@ thr = [c for c in configs if "threshold" in c][0]
 by_budget = s.loc[[f"chunks of {b}" for b in sorted(budgets)]]
 stalls_grow = by_budget.decoder_itl_max_ms.is_monotonic_increasing
 ttft_falls = by_budget.long_ttft_ms.is_monotonic_decreasing
-chunk_words = ("smaller budget → shorter stalls, longer TTFT for the big request, as measured here" if stalls_grow and ttft_falls
-               else "on this run the budgets did not order stalls and TTFT one way: " + ", ".join(
+chunk_words = kvlab.claim(stalls_grow and ttft_falls, "smaller budget → shorter stalls, longer TTFT for the big request, as measured here",
+               "on this run the budgets did not order stalls and TTFT one way: " + ", ".join(
                    f"{b}: TTFT {r.long_ttft_ms:,.0f} ms, worst gap {r.decoder_itl_max_ms:,.0f} ms" for b, r in
                    zip(sorted(budgets), by_budget.itertuples(), strict=True)) + " — pick from the measured points, not the rule")
 ttft_change = s.long_ttft_ms[smallest] / s.long_ttft_ms["chunked off"] - 1
-ttft_sentence = ("the decoders' gain is paid by the long request" if ttft_change > 0.05 else
+ttft_sentence = kvlab.claim(ttft_change > 0.05, "the decoders' gain is paid by the long request",
                  "here the long request hardly paid for it — each chunk's step costs about what its tokens cost, so splitting adds little")
 big = f"chunks of {max(budgets)}"
 Markdown(f"""

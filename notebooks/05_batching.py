@@ -53,7 +53,7 @@ prompt_tokens, output_tokens = 128, kvlab.pick(64, 32)
 # step's composition: a **fixed** cost per step, a cost **per sequence**, and the hardware term of lesson 02 — the
 # step's FLOPs ÷ this machine's measured peak and its bytes (the weights once, every sequence's KV) ÷ the measured
 # bandwidth, added with fitted scales or through their maximum, whichever fits this machine's steps better. It is
-# fitted only on prefills and on batches of **at most 4** sequences at contexts of **at most ~300** tokens; the
+# fitted only on prefills, on batches of **at most 8** sequences at 64-token prompts and of **at most 4** at 512; the
 # largest batch of the sweep and the long-context batch are predicted from it, before either runs.
 
 # %%
@@ -174,7 +174,7 @@ print("; ".join(f"{r.case}: predicted {r.predicted_ms:.1f} ms, measured {r.measu
 scored.round(3)
 
 # %%
-assert (scored.error.abs() < 0.3).all(), scored  # fitted on ≤ 4 sequences at short contexts; checked far outside them
+assert (scored.error.abs() < 0.3).all(), scored  # fitted on ≤ 8 sequences at short contexts, ≤ 4 at 512 tokens; checked outside them
 
 # %% [markdown]
 # ### The same model on a GPU
@@ -234,8 +234,8 @@ for col, column in enumerate(["output throughput (tok/s)", "TPOT p50 (ms)", "TTF
                     row=1, col=col)
     fig.update_yaxes(title_text=column.split("(")[-1].rstrip(")"), rangemode="tozero", row=1, col=col)
 fig.update_xaxes(title_text="mean requests in flight")
-fig.update_layout(height=380, title="Continuous batching: more in flight → more throughput, slower tokens" if rising else
-                  "Continuous batching on this machine: throughput peaked, then fell as requests queued")
+fig.update_layout(height=380, title=kvlab.claim(rising, "Continuous batching: more in flight → more throughput, slower tokens",
+                                               "Continuous batching on this machine: throughput peaked, then fell as requests queued"))
 fig.show()
 
 # %% [markdown]
@@ -280,7 +280,7 @@ Markdown(f"""
 - From batch {first} to batch {last}, decode throughput rose **{gain:.1f}×** ({b.decode_tok_s[first]:.0f} → {b.decode_tok_s[last]:.0f} tok/s)
   while median TPOT went {b.tpot_s_p50[first] * 1e3:.0f} → {b.tpot_s_p50[last] * 1e3:.0f} ms and median TTFT
   {b.ttft_s_p50[first] * 1e3:.0f} → {b.ttft_s_p50[last] * 1e3:.0f} ms: the batch helps the machine, each user waits longer.
-- Where the gain came from (the step model, fitted on ≤ 4 sequences): {fixed_share:.0%} of a batch-1 decode step here was
+- Where the gain came from (the step model, fitted on ≤ 8 sequences): {fixed_share:.0%} of a batch-1 decode step here was
   fixed cost, {weight_share:.0%} the weight read; from 1 to {shared} sequences decode throughput rose {rose:.1f}×. Its
   predictions, written before the sweep: {scored.case[0]} {scored.predicted_ms[0]:.1f} ms (measured {scored.measured_ms[0]:.1f},
   {scored.error[0]:+.0%}), {scored.case[1]} {scored.predicted_ms[1]:.1f} ms (measured {scored.measured_ms[1]:.1f},

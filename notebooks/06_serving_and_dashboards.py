@@ -233,8 +233,8 @@ who = runs["chat + agents"].groupby("kind").agg(requests=("ttft_s", "size"), pro
 chat_tpot = (runs["chat only"].tpot_s.median() * 1e3, who.loc["chat", "tpot_p50_ms"])
 tpot_moved = chat_tpot[1] / chat_tpot[0] - 1
 print(f"chat TPOT p50: {chat_tpot[0]:.0f} ms alone, {chat_tpot[1]:.0f} ms beside agents ({tpot_moved:+.0%}): "
-      + ("decode speed barely moved — the TTFT spike is prefill and queueing." if abs(tpot_moved) <= 0.15 else
-         "decode slowed as well — chats' decode steps carried the agents' prefill chunks."))
+      + kvlab.claim(abs(tpot_moved) <= 0.15, "decode speed barely moved — the TTFT spike is prefill and queueing.",
+                    "decode slowed as well — chats' decode steps carried the agents' prefill chunks."))
 who
 
 # %% [markdown]

@@ -104,7 +104,8 @@ print(f"saturation throughput with {user_counts[-1]} users: {saturation:.2f} req
 # doing (`vllm bench serve --request-rate`, GuideLLM's `poisson` profile). Each rate runs for a few seconds; the first
 # 20 % of its requests met an empty engine and are dropped before the percentiles (the count behind each percentile is
 # the `requests` column). Rates are fractions of the saturation throughput just measured; the top one must overload
-# the engine, and if the engine keeps up with it, the sweep adds a rate at double it (at most twice).
+# the engine, and if the engine keeps up with it (its queue does not grow, or it still meets the SLO), the sweep adds a
+# rate at double it (at most twice).
 
 # %%
 # the top rate must overload the engine: an open loop batches more requests than the closed loop's users, so its
@@ -114,8 +115,8 @@ fractions = kvlab.pick([0.25, 0.5, 1.0, 1.25, 1.5], [0.5, 1.0, 2.0])
 rates = [round(f * saturation, 2) for f in fractions]
 seconds, min_requests = kvlab.pick(6, 5), kvlab.pick(12, 8)
 sweep = loadtest.run_open_loop(llm, maker, rates, seconds=seconds, min_requests=min_requests)
-# if the engine kept up with the top rate, double it (at most twice): the queue must be seen to grow
-sweep = loadtest.extend_to_overload(llm, maker, sweep, seconds=seconds, min_requests=min_requests)
+# if the engine kept up with the top rate, double it (at most twice): the queue must grow and the SLO break
+sweep = loadtest.extend_to_overload(llm, maker, sweep, seconds=seconds, min_requests=min_requests, objective=objective)
 if len(added := sorted(set(sweep.rate_rps) - set(rates))):
     print(f"the engine kept up with {rates[-1]:.2f} req/s: added {', '.join(f'{r:.2f}' for r in added)} req/s to overload it")
 rates = sorted(sweep.rate_rps.unique())
@@ -133,7 +134,8 @@ fig.show()
 top, at_knee = table.iloc[-1], table.set_index("rate_rps").loc[knee]
 low, high = sustainable["bracket"]
 print(f"maximum sustainable rate: {sustainable['rate'] or 0:.2f} req/s"
-      + (f" (between the measured {low:.2f} and {high:.2f} req/s)" if high else " (every rate passed: at least this)")
+      + kvlab.claim(bool(high), f" (between the measured {low:.2f} and {high:.2f} req/s: the SLO broke within the sweep)",
+                    " (every rate met the SLO: the true maximum lies above the sweep)")
       + f"; goodput peaked at {knee:.2f} req/s ({at_knee.goodput_rps:.2f} good req/s)")
 print(f"at {top.rate_rps:.2f} req/s: throughput {top.throughput_rps:.2f} req/s (vs {at_knee.throughput_rps:.2f} at the knee), "
       f"goodput {top.goodput_rps:.2f} req/s, attainment {top.attainment:.0%}")
@@ -312,9 +314,8 @@ Markdown("\n".join(lines))
 tried = mitigations.iloc[2:]
 met = tried[(tried[f"chat TTFT {q} (ms)"] <= objective.ttft_ms) & (tried[f"chat TPOT {q} (ms)"] <= objective.tpot_ms)]
 best = (met if len(met) else tried).sort_values(f"chat TTFT {q} (ms)").iloc[0]
-best_words = (f"of the {len(met)} of {len(tried)} mitigations that met the chat SLO, the lowest chat TTFT came from"
-              if len(met) else f"none of the {len(tried)} mitigations met the chat SLO on this machine; the lowest chat "
-              "TTFT came from")
+best_words = kvlab.claim(len(met) > 0, f"of the {len(met)} of {len(tried)} mitigations that met the chat SLO, the lowest chat TTFT came from",
+                         f"none of the {len(tried)} mitigations met the chat SLO on this machine; the lowest chat TTFT came from")
 Markdown(f"""
 - The SLO, from this engine's unloaded chat: **{objective.describe()}** (4× and 2× the unloaded medians).
 - A closed loop of {user_counts[-1]} users saturated at **{saturation:.2f} requests/s**; it never had more than

@@ -162,6 +162,18 @@ def test_the_forecast_takes_the_engines_steps_exactly(engine):
 
 
 @pytest.mark.engine
+def test_a_replay_never_hits_a_prompts_last_token(engine):
+    """vLLM always computes a prompt's last token (``max_cache_hit_length = num_tokens - 1``): the same prompt of exactly
+    3 blocks hits 2 blocks the second time; 3 blocks and 5 tokens hit all 3."""
+    setup = forecast.setup_from_engine(engine)
+    block = setup.block_size
+    ids = list(range(1000, 1000 + 3 * block))
+    assert forecast.replay_hits(setup, [ids, ids]) == [0, 2 * block]
+    longer = [*ids, 7, 8, 9, 10, 11]
+    assert forecast.replay_hits(setup, [longer, longer], max_tokens=3) == [0, 3 * block]
+
+
+@pytest.mark.engine
 def test_the_scheduler_verifies_drafts_and_rolls_back_rejections(engine):
     """vLLM's scheduler with n-gram speculation (k = 4) in the engine's config: every draft accepted gives 5 tokens a
     step (20 after the first in 4 steps of 3 × 5 tokens); nothing drafted is plain decoding; half accepted lies

@@ -199,3 +199,11 @@ def test_backlog_growth_is_arrivals_minus_completions_over_its_window():
     growth = loadtest.backlog_growth(run)
     assert flow["arrived_rps"] - flow["completed_rps"] == pytest.approx(growth)
     assert flow["arrived_rps"] == pytest.approx(4.0, rel=0.1) and growth == pytest.approx(1.5, rel=0.2)
+
+
+@pytest.mark.parametrize(("passes_below", "added"), [(0.0, []), (6.0, [8.0]), (100.0, [8.0, 16.0])])
+def test_a_top_rate_whose_queue_grew_but_still_met_the_slo_is_doubled(monkeypatch, passes_below, added):
+    monkeypatch.setattr(loadtest, "run_open_loop", lambda llm, maker, rates, *a, **k: queue(rates[0], 3.0))
+    monkeypatch.setattr(slo, "rate_point", lambda run, objective: {"meets_slo": run.rate_rps.max() < passes_below})
+    swept = loadtest.extend_to_overload(None, None, queue(4.0, 3.0), seconds=5, objective=slo.SLO(ttft_ms=1.0, tpot_ms=1.0))
+    assert sorted(set(swept.rate_rps) - {4.0}) == added  # every queue here grows; the SLO decides

@@ -89,8 +89,10 @@ def test_same_outputs_finds_the_first_difference():
 def test_speedups_divide_tpot_without_by_tpot_with_speculation():
     runs = pd.DataFrame({"task": ["edit"] * 4 + ["chat"] * 4, "k": [0, 0, 4, 4] * 2,
                          "client_tpot_s": [0.04, 0.04, 0.01, 0.01, 0.04, 0.04, 0.05, 0.05],
-                         "client_e2e_s": [4.0] * 8, "task_acceptance_rate": [None, None, 0.8, 0.8, None, None, 0.1, 0.1]})
+                         "client_e2e_s": [4.0] * 8, "task_acceptance_rate": [None, None, 0.8, 0.8, None, None, 0.1, 0.1],
+                         "task_tokens_per_step": [1.0, 1.0, 3.4, 3.4, 1.0, 1.0, 1.1, 1.1]})
     t = speculative.speedups(runs).set_index(["task", "k"])
+    assert t.loc[("edit", 4), "tokens_per_step"] == 3.4 and t.loc[("chat", 0), "tokens_per_step"] == 1.0
     assert t.loc[("edit", 4), "speedup"] == pytest.approx(4.0) and t.loc[("chat", 4), "speedup"] == pytest.approx(0.8)
     assert t.loc[("edit", 0), "speedup"] == 1.0 and t.loc[("edit", 4), "acceptance_rate"] == 0.8
 

@@ -93,7 +93,7 @@ def test_a_composition_is_read_from_vllms_scheduler_output():
 
 @pytest.mark.engine
 def test_a_step_outside_the_calibration_is_predicted_within_15_percent(engine):
-    """Calibrated on ≤ 4 sequences at ≤ 256 tokens of context (and prefills ≤ 512), quick mode; then 8 sequences
+    """Calibrated on ≤ 8 sequences at 64 tokens and ≤ 4 at 512 (and prefills ≤ 512), quick mode; then 8 sequences
     decoding at ~1,024 tokens of context — a composition it never saw — predicted before it is measured."""
     model = stepmodel.calibrate(engine, quick=True)
     table = stepmodel.held_out(engine, model, [stepmodel.Point(8, 1024, 16)], repeats=2)

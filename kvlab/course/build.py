@@ -8,13 +8,14 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from kvlab.runtime import config, figures, kernels
+from kvlab.runtime.claims import read_claims
 
 
 @dataclass
@@ -30,6 +31,12 @@ class NotebookRun:
     error: str = ""
     startup_s: float = 0.0  # engine and service start-ups within ``seconds`` (the rest is measurement)
     startups: int = 0
+    claims: list[dict] = field(default_factory=list)  # the takeaways it stated from its numbers (``kvlab.claim``)
+
+    @property
+    def missed(self) -> list[dict]:
+        """The takeaways that did not hold on this build."""
+        return [c for c in self.claims if not c["held"]]
 
 
 def lessons(folder: Path | None = None) -> list[Path]:
@@ -189,11 +196,13 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None, run: boo
     for nb in tqdm(notebooks or lessons(), desc="notebooks", unit="nb"):
         start = time.perf_counter()
         executed, error = out / "notebooks" / nb.name, ""
-        startup_log = out / "logs" / f"startups-{nb.stem}.jsonl"
+        startup_log, claims_log = out / "logs" / f"startups-{nb.stem}.jsonl", out / "logs" / f"claims-{nb.stem}.jsonl"
         startup_log.parent.mkdir(parents=True, exist_ok=True)
         startup_log.unlink(missing_ok=True)
-        before = os.environ.get("KVLAB_STARTUP_LOG")
+        claims_log.unlink(missing_ok=True)
+        before = {k: os.environ.get(k) for k in ("KVLAB_STARTUP_LOG", "KVLAB_CLAIMS_LOG")}
         os.environ["KVLAB_STARTUP_LOG"] = str(startup_log)  # the kernel inherits it: config.note_startup writes there
+        os.environ["KVLAB_CLAIMS_LOG"] = str(claims_log)  # and kvlab.claim here
         try:
             if run:
                 execute(nb, out / "notebooks")
@@ -203,9 +212,10 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None, run: boo
         except Exception as exc:  # noqa: BLE001 - recorded, the build goes on
             error = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
         finally:
-            os.environ.pop("KVLAB_STARTUP_LOG")
-            if before is not None:
-                os.environ["KVLAB_STARTUP_LOG"] = before
+            for key, value in before.items():
+                os.environ.pop(key)
+                if value is not None:
+                    os.environ[key] = value
         seconds = time.perf_counter() - start
         if run and not error and executed.exists():
             problems = figure_problems(executed)
@@ -213,9 +223,18 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None, run: boo
         starts = startup_seconds(startup_log)
         page = to_html(executed, out / "html") if executed.exists() else None
         runs.append(NotebookRun(nb.stem, notebook_title(nb), not error, seconds, executed, page, error,
-                                min(sum(starts), seconds), len(starts)))
+                                min(sum(starts), seconds), len(starts), read_claims(claims_log)))
     index = write_index(runs, out)
     return index, runs
+
+
+def missed_section(runs: list[NotebookRun]) -> str:
+    """The report's list of takeaways that did not hold on this build, each with what the lesson printed instead."""
+    items = [f"<li><b>{html.escape(r.name)}</b>: expected “{html.escape(c['claim'])}” — this build: "
+             f"“{html.escape(c['instead'])}”</li>" for r in runs for c in r.missed]
+    if not items:
+        return "<p>Every takeaway the lessons state from their numbers held on this build.</p>" if any(r.claims for r in runs) else ""
+    return f"<h2>Takeaways that did not hold on this build</h2><ul>{''.join(items)}</ul>"
 
 
 def figure_problems(executed: Path) -> list[str]:
@@ -276,6 +295,8 @@ def write_index(runs: list[NotebookRun], out: Path) -> Path:
     for r in runs:
         link = f'<a href="html/{r.html.name}">{html.escape(r.title)}</a>' if r.html else html.escape(r.title)
         status = "ran top to bottom" if r.ok else f"failed: {html.escape(r.error)}"
+        if r.claims:
+            status += f"; {len(r.claims) - len(r.missed)} of {len(r.claims)} takeaways held"
         rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{link}</td><td class='{'ok' if r.ok else 'bad'}'>{status}</td>"
                     f"<td>{r.seconds:.0f} s</td><td>{r.startup_s:.0f} s ({r.startups})</td>"
                     f"<td>{r.seconds - r.startup_s:.0f} s</td></tr>")
@@ -301,6 +322,7 @@ Every number and figure below was measured during this build, on this machine.</
 </table>
 <p>Start-ups: engines (<code>make_engine</code>) and services (vLLM server, gateway, Redis) starting, as each recorded
 it; two started side by side count twice.</p>
+{missed_section(runs)}
 {''.join(sections)}
 </body></html>"""
     index = out / "index.html"
