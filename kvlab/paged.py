@@ -35,17 +35,26 @@ def check_budget(blocks: int, block_size: int, max_model_len: int) -> None:
                          f"max_model_len {max_model_len:,} tokens; use at least {need} blocks or a smaller max_model_len.")
 
 
-def engine_with_blocks(blocks: int, block_size: int, bytes_per_token: int, max_model_len: int, model: str | None = None,
-                       **engine_args: Any) -> Any:
-    """An engine whose KV cache is exactly ``blocks`` blocks (budget = blocks × block size × bytes per token, lesson
-    01's arithmetic); refuses a budget too small for one sequence before anything starts."""
+def pool_blocks(blocks: int, groups: int = 1) -> int:
+    """The engine blocks of a pool that holds ``blocks`` − the null block in each of ``groups`` KV cache groups: vLLM
+    stores a block of tokens once per group (while it is inside a sliding group's window), and keeps one null block."""
+    return groups * (blocks - RESERVED_BLOCKS) + RESERVED_BLOCKS
+
+
+def engine_with_blocks(blocks: int, block_size: int, bytes_per_block: int, max_model_len: int, model: str | None = None,
+                       groups: int = 1, **engine_args: Any) -> Any:
+    """An engine whose KV cache is exactly ``blocks`` blocks per KV cache group (``pool_blocks``; budget = engine
+    blocks × bytes per block, lesson 01's arithmetic); refuses a budget too small for one sequence before anything
+    starts."""
 
     check_budget(blocks, block_size, max_model_len)
-    llm = make_engine(model, kv_cache_memory_bytes=blocks * block_size * bytes_per_token, max_model_len=max_model_len,
-                      **engine_args)
+    want = pool_blocks(blocks, groups)
+    llm = make_engine(model, kv_cache_memory_bytes=want * bytes_per_block, max_model_len=max_model_len, **engine_args)
     got = kv_capacity(llm).num_blocks
-    if got != blocks:  # the engine's own count must be the arithmetic's: say so rather than measure the wrong pool
-        raise KVLabError(f"Asked for {blocks} KV blocks, the engine made {got}; check block_size and bytes_per_token.")
+    if got != want:  # the engine's own count must be the arithmetic's: say so rather than measure the wrong pool
+        close_engine(llm)
+        raise KVLabError(f"Asked for {want} KV blocks, the engine made {got}; check bytes_per_block "
+                         "(KVCapacity.bytes_per_block) and the number of KV cache groups (kvlab.kv_groups).")
     return llm
 
 
@@ -184,9 +193,10 @@ def survival_budget(requests: list[tuple[str, list[int]]], prefix_blocks: int, b
 BUDGET_UNITS = ("survival", "blocks", "tokens", "GiB")
 
 
-def to_blocks(budgets: list[float], unit: str, block_size: int, bytes_per_token: int, survival: int) -> list[int]:
+def to_blocks(budgets: list[float], unit: str, block_size: int, bytes_per_block: int, survival: int,
+              groups: int = 1) -> list[int]:
     """Budgets as whole blocks (rounded down, duplicates dropped, increasing)."""
-    per_block = {"blocks": 1, "tokens": block_size, "GiB": block_size * bytes_per_token / 2**30,
+    per_block = {"blocks": 1, "tokens": block_size, "GiB": groups * bytes_per_block / 2**30,
                  "survival": 1 / survival}
     if unit not in per_block:
         raise KVLabError(f"Unknown budget unit {unit!r}; use one of {', '.join(BUDGET_UNITS)}.")
@@ -249,13 +259,13 @@ def expected_stored(results: pd.DataFrame, block_size: int) -> int:
 
 
 def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefix_ids: list[int], block_size: int,
-                 bytes_per_token: int, output_tokens: int, max_model_len: int, subscriber: Any = None,
-                 concurrency: int = 1, model: str | None = None, group: int | None = None,
+                 bytes_per_block: int, output_tokens: int, max_model_len: int, subscriber: Any = None,
+                 concurrency: int = 1, model: str | None = None, group: int | None = None, groups: int = 1,
                  **engine_args: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The same traffic on an engine of each budget (whole blocks): per-request rows (with the prefix hit and, for
     sequential traffic, the predicted one), one row per budget of the engine's own counters and histograms, and the
     KV cache events (when a ``kvevents.Subscriber`` is given; of KV cache ``group`` only, where the model has
-    several). Each engine is closed before the next starts."""
+    several; a budget counts blocks per group, ``pool_blocks``). Each engine is closed before the next starts."""
     from tqdm.auto import tqdm
 
 
@@ -263,7 +273,8 @@ def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefi
     rows, engine_rows, event_tables = [], [], []
     extra = (subscriber.engine_args() if subscriber else {}) | {"kv_cache_metrics": True, "kv_cache_metrics_sample": 1.0}
     for blocks in tqdm(budgets, desc="KV budgets", leave=False):
-        llm = engine_with_blocks(blocks, block_size, bytes_per_token, max_model_len, model=model, **extra, **engine_args)
+        llm = engine_with_blocks(blocks, block_size, bytes_per_block, max_model_len, model=model, groups=groups, **extra,
+                                 **engine_args)
         try:
             if subscriber:
                 subscriber.wait_quiet()
@@ -294,7 +305,8 @@ def budget_sweep(traffic: list[tuple[str, list[int]]], budgets: list[int], prefi
     return pd.concat(rows, ignore_index=True), pd.DataFrame(engine_rows), events
 
 
-def budget_table(results: pd.DataFrame, engine: pd.DataFrame, block_size: int, bytes_per_token: int) -> pd.DataFrame:
+def budget_table(results: pd.DataFrame, engine: pd.DataFrame, block_size: int, bytes_per_block: int,
+                 groups: int = 1) -> pd.DataFrame:
     """One row per budget: its size in blocks, tokens and MiB, the engine's token hit rate, the shared requests' prefix
     hits (measured and predicted) and TTFT p50/p95 of shared and unique requests."""
 
@@ -312,7 +324,7 @@ def budget_table(results: pd.DataFrame, engine: pd.DataFrame, block_size: int, b
     table = results.groupby("budget_blocks").apply(per_budget, include_groups=False).reset_index()
     table = table.astype({"shared_requests": int, "prefix_hits": int, "cached_tokens": int})
     table.insert(1, "budget_tokens", table.budget_blocks * block_size)
-    table.insert(2, "budget_mib", table.budget_blocks * block_size * bytes_per_token / 2**20)
+    table.insert(2, "budget_mib", table.budget_blocks.map(lambda b: pool_blocks(b, groups)) * bytes_per_block / 2**20)
     table = table.merge(engine, on="budget_blocks")
     table["token_hit_rate"] = table.engine_hit_tokens / table.engine_query_tokens
     return table

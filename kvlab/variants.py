@@ -73,7 +73,8 @@ HIDDEN_TWIN_FIELDS = ("word_embed_proj_dim",)
 def width_overrides(factor: float, base: str | None = None) -> dict[str, int]:
     """Config fields that make the chosen (or ``base``) model about ``factor`` × as wide: hidden size, query and KV heads
     (head size and the query-to-KV ratio kept) and MLP width scaled alike, layers unchanged. Widths are whole multiples
-    of one KV group (head_dim × query heads per KV head); ``factor`` 1 gives the model's own widths. Every MLP width
+    of one KV group (head_dim × query heads per KV head) — of one query head for a model with one KV head (MQA stays
+    MQA: its only group would not scale); ``factor`` 1 gives the model's own widths. Every MLP width
     field the config has is scaled (``MLP_WIDTH_FIELDS``); an MLP set as a ratio of the width (GPT-2's ``n_inner``
     None, MPT's ``expansion_ratio``) follows by itself. What a copy reads per step is counted from the copy built
     (``roofline.engine_cost``), never assumed from ``factor``."""
@@ -82,11 +83,14 @@ def width_overrides(factor: float, base: str | None = None) -> dict[str, int]:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
         raise KVLabError(f"width factor {factor!r} must be a positive number (1 = the model's own width).")
-    groups = max(1, round(kv * factor))  # KV heads; each carries heads // kv query heads
-    scale = groups / kv
-    hidden = groups * (heads // kv) * head_dim if heads * head_dim == cfg.hidden_size else round(cfg.hidden_size * scale)
-    fields = {"hidden_size": hidden, "num_attention_heads": groups * (heads // kv), "num_key_value_heads": groups,
-              "head_dim": head_dim}
+    if kv == 1:  # one KV head: widen by query heads
+        groups, query = 1, max(1, round(heads * factor))
+    else:
+        groups = max(1, round(kv * factor))  # KV heads; each carries heads // kv query heads
+        query = groups * (heads // kv)
+    scale = query / heads
+    hidden = query * head_dim if heads * head_dim == cfg.hidden_size else round(cfg.hidden_size * scale)
+    fields = {"hidden_size": hidden, "num_attention_heads": query, "num_key_value_heads": groups, "head_dim": head_dim}
     mlp = {name: round(getattr(cfg, name) * scale) for name in MLP_WIDTH_FIELDS if isinstance(getattr(cfg, name, None), int)}
     twins = {name: hidden for name in HIDDEN_TWIN_FIELDS if getattr(cfg, name, None) == cfg.hidden_size}
     return fields | mlp | twins

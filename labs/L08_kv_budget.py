@@ -60,22 +60,24 @@ from kvlab import paged
 longest = paged.check_traffic(p.shared_prefix_tokens, p.suffix_tokens, p.unique_prompt_tokens, p.output_tokens,
                               kvlab.model.max_context(p.model or None))
 probe = kvlab.make_engine(p.model or None, enforce_eager=p.enforce_eager, max_model_len=longest)
-cap, tok = kvlab.kv_capacity(probe), probe.get_tokenizer()
+cap, tok, groups = kvlab.kv_capacity(probe), probe.get_tokenizer(), kvlab.kv_groups(probe)
 kvlab.close_engine(probe)
+n_groups = len(groups)  # a budget counts blocks in every KV cache group (paged.pool_blocks); events: a full-attention one
+full = int(groups[groups.full_attention].group.min()) if groups.full_attention.any() else 0
 B = cap.block_size
 prefix_blocks = paged.prefix_blocks_of(p.shared_prefix_tokens, B)
 traffic = paged.shared_prefix_traffic(tok, p.requests, p.shared_share, prefix_blocks * B, p.suffix_tokens,
                                       p.unique_prompt_tokens, seed=p.seed)
 prefix_ids = next((ids[: prefix_blocks * B] for label, ids in traffic if label == "shared"), [])
 survival = paged.survival_budget(traffic, prefix_blocks, B, p.output_tokens)
-pools = paged.to_blocks(p.budgets, p.budget_unit, B, cap.bytes_per_token, survival)
+pools = paged.to_blocks(p.budgets, p.budget_unit, B, cap.bytes_per_block, survival, n_groups)
 for blocks in pools:  # one clear sentence for a budget too small, before any engine of the sweep starts
     paged.check_budget(blocks, B, longest)
 kinds = pd.Series([label for label, _ in traffic]).value_counts().to_dict()
-print(f"block size {B} tokens, {cap.bytes_per_token:,} B of KV per token; prefix {prefix_blocks} blocks; traffic: {kinds}")
+print(f"block size {B} tokens, {cap.bytes_per_token:,} B of KV per token ({cap.bytes_per_block:,} B per block); prefix {prefix_blocks} blocks; traffic: {kinds}")
 print(f"survival budget (prefix + blocks cached since its last use + 1 partial + 1 null block): {survival} blocks")
 pd.DataFrame({"budget_blocks": pools, "tokens": [b * B for b in pools],
-              "MiB": [round(b * B * cap.bytes_per_token / 2**20, 2) for b in pools],
+              "MiB": [round(paged.pool_blocks(b, n_groups) * cap.bytes_per_block / 2**20, 2) for b in pools],
               "× survival": [round(b / survival, 2) for b in pools]})
 
 # %% [markdown]
@@ -87,10 +89,10 @@ pd.DataFrame({"budget_blocks": pools, "tokens": [b * B for b in pools],
 from kvlab import kvevents
 
 with kvevents.Subscriber().start() as sub:
-    results, engine, events = paged.budget_sweep(traffic, pools, prefix_ids, B, cap.bytes_per_token, p.output_tokens,
+    results, engine, events = paged.budget_sweep(traffic, pools, prefix_ids, B, cap.bytes_per_block, p.output_tokens,
                                                  longest, subscriber=sub, concurrency=p.concurrency, model=p.model or None,
-                                                 enforce_eager=p.enforce_eager)
-table = paged.budget_table(results, engine, B, cap.bytes_per_token)
+                                                 enforce_eager=p.enforce_eager, group=full, groups=n_groups)
+table = paged.budget_table(results, engine, B, cap.bytes_per_block, n_groups)
 table[["budget_blocks", "budget_tokens", "token_hit_rate", "shared_requests", "prefix_hits", "predicted_hits",
        "shared_ttft_p50_ms", "shared_ttft_p95_ms", "prefix_blocks_evicted", "removed_events"]].round(3)
 
@@ -105,7 +107,7 @@ fig.show()
 # Results are written first, so a failed check keeps them.
 
 # %%
-settings = {"model": str(kvlab.model.resolve_model(p.model or None)), "block_size": B, "bytes_per_token": cap.bytes_per_token,
+settings = {"model": str(kvlab.model.resolve_model(p.model or None)), "block_size": B, "bytes_per_token": cap.bytes_per_token, "bytes_per_block": cap.bytes_per_block,
             "survival_blocks": survival, "budget_blocks": pools, "enforce_eager": p.enforce_eager}
 out = kvlab.labs.output_dir("L08_kv_budget", p.output_dir)
 kvlab.results.save_results(results, out, p, engine_settings=settings,

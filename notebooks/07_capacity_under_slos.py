@@ -286,8 +286,11 @@ from IPython.display import Markdown
 
 m = mitigations.set_index("setting")
 fcfs_p95, prio_p95 = m.loc["+ batch, FCFS", f"chat TTFT {q} (ms)"], m.loc["priority", f"chat TTFT {q} (ms)"]
-print(f"priority scheduling: chat TTFT {q} {fcfs_p95:.0f} → {prio_p95:.0f} ms on the same traffic")
-assert prio_p95 < fcfs_p95, m
+kvlab.claim(prio_p95 < fcfs_p95, f"priority scheduling: chat TTFT {q} {fcfs_p95:.0f} → {prio_p95:.0f} ms on the same traffic",
+            f"priority scheduling did not lower chat TTFT {q} on this run ({fcfs_p95:.0f} → {prio_p95:.0f} ms): once a batch "
+            "job runs, its prefill chunks share every step whatever the chat's priority", show=True)
+if kvlab.config.model_name() == kvlab.DEFAULT_MODEL:  # measured to hold for the course model; a tiny one is noise-bound
+    assert prio_p95 < fcfs_p95, m
 
 # %% [markdown]
 # Read the table with both columns: what each setting did for chat, and what it cost the batch work (against the

@@ -108,7 +108,8 @@ kvlab.close_engine(llm)
 # %% [markdown]
 # ## 4. The block pool over time
 #
-# Now a pool of only a few blocks, and a shared prefix (say a system prompt) of 4 blocks. Three phases:
+# Now a pool of only a few blocks, and a shared prefix (say a system prompt) of 4 blocks. Three phases (a model with
+# several KV cache groups gets the same number of blocks in each group: `paged.pool_blocks`):
 #
 # 1. shared-prefix requests alternate with unique ones — the prefix is used again and again, so it stays recently
 #    used: when the pool is full, the *unique* requests' old blocks are evicted;
@@ -119,8 +120,8 @@ kvlab.close_engine(llm)
 import time
 
 pool_blocks, prefix_blocks = 12, 4
-small = paged.engine_with_blocks(pool_blocks, B, cap.bytes_per_token, max_model_len=pool_blocks * B // 2, enforce_eager=True,
-                                 **sub.engine_args())
+small = paged.engine_with_blocks(pool_blocks, B, cap.bytes_per_block, max_model_len=pool_blocks * B // 2, groups=len(groups),
+                                 enforce_eager=True, **sub.engine_args())
 sys_prefix = prompt_of_length(tok, prefix_blocks * B, offset=90_000)
 shared = [sys_prefix + s for s in distinct_prompts(tok, 40, 6, seed=1)]
 unique = distinct_prompts(tok, 3 * B + 10, 8, seed=2)
@@ -180,11 +181,11 @@ prefix_ids = next(ids[: prefix_blocks * B] for label, ids in traffic if label ==
 need = paged.survival_budget(traffic, prefix_blocks, B, output_tokens=2)
 budgets = sorted({max(prefix_blocks + 2, need - 4), need - 1, need, need + 4})
 print(f"prefix {prefix_blocks} blocks; lesson 01's arithmetic: every shared request hits from {need} blocks "
-      f"({need * B:,} tokens, {need * B * cap.bytes_per_token / 2**20:.1f} MiB) up")
-budget_runs, engine_rows, budget_events = paged.budget_sweep(traffic, budgets, prefix_ids, B, cap.bytes_per_token, 2,
+      f"({need * B:,} tokens, {paged.pool_blocks(need, len(groups)) * cap.bytes_per_block / 2**20:.1f} MiB) up")
+budget_runs, engine_rows, budget_events = paged.budget_sweep(traffic, budgets, prefix_ids, B, cap.bytes_per_block, 2,
                                                              (prefix_blocks + 1) * B, subscriber=sub, enforce_eager=True,
-                                                             group=full)
-by_budget = paged.budget_table(budget_runs, engine_rows, B, cap.bytes_per_token).set_index("budget_blocks")
+                                                             group=full, groups=len(groups))
+by_budget = paged.budget_table(budget_runs, engine_rows, B, cap.bytes_per_block, len(groups)).set_index("budget_blocks")
 by_budget[["budget_tokens", "budget_mib", "token_hit_rate", "shared_requests", "prefix_hits", "predicted_hits",
            "shared_ttft_p50_ms", "shared_ttft_p95_ms", "prefix_blocks_evicted"]].round(3)
 
@@ -232,7 +233,8 @@ prompt_t, out_t = 2 * B - 8, 24  # 2 blocks at admission, a third one after 9 ou
 fits = (pre_pool - paged.RESERVED_BLOCKS) // seq_blocks
 runs = {}
 for name, extra in {"max_num_seqs default": {}, f"max_num_seqs = {fits}": {"max_num_seqs": fits}}.items():
-    eng = paged.engine_with_blocks(pre_pool, B, cap.bytes_per_token, max_model_len=seq_blocks * B, enforce_eager=True, **extra)
+    eng = paged.engine_with_blocks(pre_pool, B, cap.bytes_per_block, max_model_len=seq_blocks * B, groups=len(groups),
+                                   enforce_eager=True, **extra)
     runs[name] = paged.preemption_run(eng, n_seqs, prompt_t, out_t).assign(setting=name)
     kvlab.close_engine(eng)
 pre = pd.concat(runs.values(), ignore_index=True)

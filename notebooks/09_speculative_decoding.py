@@ -192,7 +192,11 @@ print(f"best: {best.task} at k = {best.k}: acceptance {best.acceptance_rate:.0%}
       f"speed-up {chat.speedup.min():.2f}–{chat.speedup.max():.2f}×")
 print(f"{best.task}, k = {best.k}: {best.tokens_per_step:.2f} tokens per decode step gave {best.speedup:.2f}× — "
       f"{best.speedup / best.tokens_per_step:.0%} of what free verification would give; the rest is what verifying cost")
-assert (spec.speedup <= 1.25 * spec.tokens_per_step).all(), spec  # a step cannot yield more speed than tokens
+beyond = spec[spec.speedup > 1.1 * spec.tokens_per_step]  # a step cannot yield more speed than tokens, beyond noise
+kvlab.claim(beyond.empty, "no point's speed-up exceeded its tokens per step",
+            f"{len(beyond)} point(s) beat free verification — TPOT noise over {int(spec.requests.min())} requests", show=True)
+if kvlab.config.model_name() == kvlab.DEFAULT_MODEL:  # enough tokens per request for TPOT to be steady
+    assert beyond.empty, spec
 
 # %% [markdown]
 # ### A verify step, term by term
@@ -273,7 +277,12 @@ on = per_k.loc[edit_k]
 print(f"k = {edit_k}: {on['tokens per chunk (mean)']:.2f} tokens per chunk; mean ITL {on['mean ITL (ms, pooled like vLLM bench)']:.1f} ms "
       f"vs TPOT {on['TPOT p50 (ms)']:.1f} ms; without speculation: {per_k.loc[0, 'mean ITL (ms, pooled like vLLM bench)']:.1f} "
       f"vs {per_k.loc[0, 'TPOT p50 (ms)']:.1f} ms")
-assert on["tokens per chunk (mean)"] > 1.2 and on["mean ITL (ms, pooled like vLLM bench)"] > on["TPOT p50 (ms)"]
+if on["tokens per chunk (mean)"] > 1.2:  # drafts were accepted: the stream comes in bursts, so ITL per chunk > TPOT
+    assert on["mean ITL (ms, pooled like vLLM bench)"] > on["TPOT p50 (ms)"], per_k
+else:  # the course model copies its input; a model that does not (random weights) accepts few drafts
+    assert kvlab.config.model_name() != kvlab.DEFAULT_MODEL, per_k
+    print(f"(The burst check is skipped: {kvlab.config.model_name()} accepted too few drafts for bursts, "
+          f"{on['tokens per chunk (mean)']:.2f} tokens per chunk.)")
 
 # %% [markdown]
 # ## 6. When it hurts: bigger batches and low acceptance

@@ -27,6 +27,7 @@ def test_the_report_lists_the_takeaways_that_did_not_hold(tmp_path):
             build.NotebookRun("05_batching", "05", True, 60.0, missing, None, claims=[held])]
     report = build.write_index(runs, tmp_path).read_text()
     assert "1 of 2 takeaways held" in report and "1 of 1 takeaways held" in report
+    assert "<b>Machine:</b>" in report and "model dtype" in report  # named at the top
     listed = report.split("Takeaways that did not hold on this build", 1)[1]
     assert "throughput fell from 95 to 77 tok/s" in listed and "TTFT fell" not in listed
     runs[0].claims = [held]

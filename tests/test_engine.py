@@ -28,6 +28,7 @@ def test_kv_capacity_matches_hand_formula_to_one_block(engine, model_dir):
     budget = kvlab.runtime.config.kv_cache_gib() * 2**30
     hand_tokens = math.floor(budget / per_token)
     assert cap.bytes_per_token == per_token
+    assert cap.bytes_per_block == cap.block_size * per_token  # one KV cache group: a block holds every layer's page
     assert abs(cap.tokens - hand_tokens) <= cap.block_size
     assert cap.tokens == cap.num_blocks * cap.block_size
     assert cap.bytes <= budget and cap.kv_dtype == dtype

@@ -148,6 +148,11 @@ def test_wider_copies_scale_each_family_s_mlp_field(tmp_path):
     mpt = variants.width_overrides(2, write_config(tmp_path / "mpt", model_type="mpt", d_model=256, n_heads=4, n_layers=2,
                                                 expansion_ratio=4, vocab_size=1000))
     assert mpt == {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64}  # MLP: 4 × width
+    mqa = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 1000}  # one KV head: query heads scale
+    widths = [variants.width_overrides(f, write_config(tmp_path / f"mqa{f}", **mqa)) for f in (1, 1.34, 2)]
+    assert [(w["num_attention_heads"], w["num_key_value_heads"], w["hidden_size"]) for w in widths] == \
+        [(4, 1, 256), (5, 1, 320), (8, 1, 512)]
 
 
 def test_the_base_model_is_opt_without_a_chat_template(model_dir):

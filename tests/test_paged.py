@@ -55,12 +55,12 @@ def test_shared_prefix_traffic_has_the_asked_share_and_a_common_prefix():
 
 
 def test_budgets_in_any_unit_become_whole_blocks():
-    assert paged.to_blocks([0.5, 1.0, 1.24, 1.25], "survival", 128, 46_080, survival=16) == [8, 16, 19, 20]
-    assert paged.to_blocks([1000, 1024, 2048], "tokens", 128, 46_080, survival=16) == [7, 8, 16]
+    assert paged.to_blocks([0.5, 1.0, 1.24, 1.25], "survival", 128, 128 * 46_080, survival=16) == [8, 16, 19, 20]
+    assert paged.to_blocks([1000, 1024, 2048], "tokens", 128, 128 * 46_080, survival=16) == [7, 8, 16]
     gib_per_block = 128 * 46_080 / 2**30
-    assert paged.to_blocks([10 * gib_per_block], "GiB", 128, 46_080, survival=16) == [10]
+    assert paged.to_blocks([10 * gib_per_block], "GiB", 128, 128 * 46_080, survival=16) == [10]
     with pytest.raises(KVLabError, match="Unknown budget unit 'MB'"):
-        paged.to_blocks([1], "MB", 128, 46_080, survival=16)
+        paged.to_blocks([1], "MB", 128, 128 * 46_080, survival=16)
 
 
 def test_traffic_longer_than_the_context_and_a_prefix_under_one_block_are_one_sentence():
@@ -90,7 +90,7 @@ def test_budget_table_counts_hits_predictions_and_joins_the_engine_counters():
                         "hit": [False, False, False, False, False, True], "predicted_hit": [None, None, False, None, None, True],
                         "ttft_s": [0.2, 0.3, 0.2, 0.2, 0.3, 0.05], "cached_tokens": [0, 0, 0, 0, 0, 512]})
     engine = pd.DataFrame({"budget_blocks": [8, 16], "engine_hit_tokens": [0, 512], "engine_query_tokens": [1500, 1500]})
-    t = paged.budget_table(res, engine, 128, 46_080).set_index("budget_blocks")
+    t = paged.budget_table(res, engine, 128, 128 * 46_080).set_index("budget_blocks")
     assert t.loc[16, "prefix_hits"] == 1 and t.loc[8, "prefix_hits"] == 0 and t.loc[16, "prediction_agrees"] == 1.0
     assert t.loc[16, "budget_tokens"] == 2048 and abs(t.loc[16, "token_hit_rate"] - 512 / 1500) < 1e-12
     assert t.loc[16, "shared_ttft_p50_ms"] < t.loc[8, "shared_ttft_p50_ms"]

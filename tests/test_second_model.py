@@ -1,7 +1,8 @@
 """The course beyond its own model: a second architecture (Qwen2 layout: q/k/v biases, 8 query heads on 2 KV heads,
 24 layers, random weights, made locally) through lessons 00-02 and every lab, unedited, in quick mode. Labs whose own
 test already runs them on this model (``ELSEWHERE``) are not run twice: one run per lab covers both. Lesson 00 runs
-in the course build's test (tests/test_course.py) on a third layout, the base model (OPT, no chat template)."""
+in the course build's test (tests/test_course.py) on a third layout, the base model (OPT, no chat template); lessons
+03 and 08, whose code follows several KV cache groups, run on a fourth, the hybrid model (Gemma-3's local:global)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,29 @@ def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["parameters"]["model"] == model_param
     assert len(pd.read_parquet(out / "results.parquet")) > 0
+
+
+def test_the_hybrid_model_has_sliding_and_full_attention_layers():
+    from kvlab import sizing
+    from kvlab.runtime import randomweights
+
+    path = randomweights.prepare_hybrid_model()
+    arch = sizing.load_arch(str(path))
+    assert 0 < arch.sliding_layers < arch.layers and arch.sliding_window == 512, arch
+    assert model.resolve_model(model.HYBRID_MODEL) == str(path)  # KVLAB_MODEL=Gemma3-Tiny-Random picks it
+
+
+@pytest.mark.parametrize("lesson", ["03_prefix_caching", "08_inside_the_paged_kv_cache"])
+def test_lessons_with_kv_groups_run_unedited_on_the_hybrid_model(lesson, tmp_path, monkeypatch):
+    """Gemma-3's local:global layout keeps several KV cache groups: lesson 03 checks its prefix hits against vLLM's
+    scheduler replay (the hybrid rule), lesson 08 follows the full-attention group's blocks."""
+    from kvlab.runtime import kernels
+
+    monkeypatch.setenv("KVLAB_MODEL", model.HYBRID_MODEL)
+    monkeypatch.setenv("KVLAB_QUICK", "1")
+    executed = tmp_path / f"{lesson}.ipynb"
+    kernels.execute(str(config.REPO_ROOT / "notebooks" / f"{lesson}.ipynb"), str(executed), cwd=str(config.REPO_ROOT / "notebooks"))
+    text = outputs_text(executed)
+    assert model.HYBRID_MODEL in text
+    groups = int(text.split(" KV cache group(s)")[0].rsplit(maxsplit=1)[-1])
+    assert groups > 1, "a sliding-window + full-attention model keeps several KV cache groups"

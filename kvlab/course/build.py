@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from kvlab.runtime import config, figures, kernels
+from kvlab.runtime import config, figures, hardware, kernels
 from kvlab.runtime.claims import read_claims
 
 
@@ -228,6 +228,14 @@ def build(notebooks: list[Path] | None = None, out: Path | None = None, run: boo
     return index, runs
 
 
+def machine_line() -> str:
+    """The machine a build ran on, as the report names it at the top: CPU, cores, vector flags and the model dtype."""
+    cpu, flags = hardware.cpu_model_and_flags()
+    dtype, why = hardware.model_dtype()
+    return (f"{cpu}, {len(os.sched_getaffinity(0))} cores usable, flags {', '.join(flags) or 'none of note'}; "
+            f"model dtype {dtype} ({why})")
+
+
 def missed_section(runs: list[NotebookRun]) -> str:
     """The report's list of takeaways that did not hold on this build, each with what the lesson printed instead."""
     items = [f"<li><b>{html.escape(r.name)}</b>: expected “{html.escape(c['claim'])}” — this build: "
@@ -312,6 +320,7 @@ table{{border-collapse:collapse;width:100%}}td,th{{border-bottom:1px solid #ddd;
 .ok{{color:#1a7f37}}.bad{{color:#cf222e}}section{{border-top:2px solid #eee;margin-top:2rem}}
 .numbers{{background:#f6f8fa;padding:.2rem 1rem;border-radius:6px}}</style></head><body>
 <h1>KV Lab — course report</h1>
+<p><b>Machine:</b> {html.escape(machine_line())}</p>
 <p>Built {time.strftime('%Y-%m-%d %H:%M')} in {mode} mode with model <code>{html.escape(config.model_name())}</code>.
 Every number and figure below was measured during this build, on this machine.</p>
 <table><tr><th>lesson</th><th>title</th><th>status</th><th>run time</th><th>start-ups (how many)</th>

@@ -181,7 +181,9 @@ class KVCapacity:
     """The engine's own report of its KV cache (read from vLLM, not computed by hand).
 
     num_blocks: KV blocks allocated; block_size: tokens per block; tokens: token slots in all
-    blocks; bytes_per_token: K+V bytes one token costs over all layers; bytes: total KV bytes;
+    blocks; bytes_per_token: K+V bytes one token costs over all layers; bytes_per_block: the memory one block takes
+    (every group's layers' pages: block size × bytes per token for one group, less when several groups share the
+    blocks); bytes: total KV bytes;
     kv_dtype: element type of the cache; max_model_len: context limit; max_concurrency: sequences
     of full max_model_len length that fit at once.
     """
@@ -190,6 +192,7 @@ class KVCapacity:
     block_size: int
     tokens: int
     bytes_per_token: int
+    bytes_per_block: int
     bytes: int
     kv_dtype: str
     max_model_len: int
@@ -205,7 +208,8 @@ class KVCapacity:
             return (
                 f"{self.num_blocks:,} blocks × {self.block_size} tokens = {slots:,} block slots, shared by the model's KV "
                 f"cache groups (vLLM stores each block once per group, and sliding-window groups keep only their window): "
-                f"vLLM counts {self.tokens:,} tokens of KV ({self.kv_dtype}); "
+                f"vLLM counts {self.tokens:,} tokens of KV ({self.bytes / 2**30:.2f} GiB, {self.bytes_per_block:,} B per "
+                f"block, {self.kv_dtype}); "
                 f"{self.max_concurrency:.2f} sequences of {self.max_model_len:,} tokens fit at once"
             )
         return (
@@ -223,6 +227,7 @@ def kv_capacity(llm: LLM) -> KVCapacity:
     for worker_specs in llm.collective_rpc("get_kv_cache_spec"):
         specs.update(worker_specs)
     bytes_per_token = sum(s.page_size_bytes // s.block_size for s in specs.values())
+    per_block = bytes_per_block(vcfg, specs)
     dtypes = sorted({str(getattr(s, "dtype", "?")).replace("torch.", "") for s in specs.values()})
     block_size = int(cache.block_size)
     num_blocks = int(cache.num_gpu_blocks)
@@ -232,11 +237,26 @@ def kv_capacity(llm: LLM) -> KVCapacity:
         block_size=block_size,
         tokens=tokens,
         bytes_per_token=int(bytes_per_token),
-        bytes=int(num_blocks * block_size * bytes_per_token),
+        bytes_per_block=per_block,
+        bytes=int(num_blocks * per_block),
         kv_dtype=str(cache.cache_dtype) if str(cache.cache_dtype) != "auto" else "/".join(dtypes),
         max_model_len=int(vcfg.model_config.max_model_len),
         max_concurrency=float(cache.kv_cache_max_concurrency or tokens / vcfg.model_config.max_model_len),
     )
+
+
+def bytes_per_block(vcfg: Any, specs: dict[str, Any]) -> int:
+    """The memory one KV block takes, as vLLM divides the KV budget by it (``num_blocks = memory // bytes_per_block``,
+    ``vllm/v1/core/kv_cache_utils.py``): one page per layer of a group, the groups sharing each block's tensors — so
+    a model with several groups (sliding-window and full layers) pays for one group's layers per block, not all."""
+    from vllm.v1.core import kv_cache_utils
+
+    groups = kv_cache_utils.get_kv_cache_groups(vcfg, specs)
+    try:
+        layout = vcfg.cache_config.get_resolved_kv_cache_layout()
+        return int(kv_cache_utils._get_kv_cache_bytes_per_block(groups, layout))
+    except (AttributeError, TypeError):  # another vLLM: equal groups, each layer one page per block
+        return int(sum(s.page_size_bytes for s in specs.values()) // max(len(groups), 1))
 
 
 def kv_groups(llm: Any) -> pd.DataFrame:

@@ -10,7 +10,14 @@ from typing import Any
 from kvlab.runtime import config
 from kvlab.runtime.errors import KVLabError
 from kvlab.runtime.gguf import prepare_default_model
-from kvlab.runtime.randomweights import BASE_MODEL, SECOND_MODEL, prepare_base_model, prepare_second_model
+from kvlab.runtime.randomweights import (
+    BASE_MODEL,
+    HYBRID_MODEL,
+    SECOND_MODEL,
+    prepare_base_model,
+    prepare_hybrid_model,
+    prepare_second_model,
+)
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -24,6 +31,8 @@ def resolve_model(name: str | None = None) -> str:
         return str(prepare_second_model())
     if name.lower() == BASE_MODEL.lower():
         return str(prepare_base_model())
+    if name.lower() == HYBRID_MODEL.lower():
+        return str(prepare_hybrid_model())
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
@@ -32,8 +41,9 @@ def resolve_model(name: str | None = None) -> str:
     if _HF_ID.match(name):
         return name
     raise KVLabError(
-        f"Unknown model {name!r}: it is not {config.DEFAULT_MODEL!r}, not an existing folder and not a Hugging Face id "
-        "like 'org/name'; set KVLAB_MODEL (or pass model=...) to one of those."
+        f"Unknown model {name!r}: it is not one of the course's models ({config.DEFAULT_MODEL}, {SECOND_MODEL}, "
+        f"{BASE_MODEL}, {HYBRID_MODEL}), not an existing folder and not a Hugging Face id like 'org/name'; set "
+        "KVLAB_MODEL (or pass model=...) to one of those."
     )
 
 

@@ -120,3 +120,19 @@ BASE_MODEL_CONFIG = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "
 def prepare_base_model() -> Path:
     """The base-model layout (``KVLAB_MODEL=OPT-Tiny-Random-Base``): made once with transformers and cached."""
     return _prepare_local_model(BASE_MODEL, BASE_MODEL_CONFIG, chat_template=False)
+
+
+HYBRID_MODEL = "Gemma3-Tiny-Random"
+
+
+#: A hybrid-attention layout: Gemma-3's local:global pattern (5 sliding-window layers of 512 tokens to 1 full-attention
+#: layer, transformers' ``layer_types``), so vLLM keeps two KV cache groups — what lessons 01, 03 and 08 must get right
+#: beyond one group. One KV head of 64 per 4 query heads, random weights, the course model's tokenizer.
+HYBRID_MODEL_CONFIG = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 256,
+                       "intermediate_size": 768, "num_hidden_layers": 12, "num_attention_heads": 4,
+                       "num_key_value_heads": 1, "head_dim": 64, "sliding_window": 512, "max_position_embeddings": 8192}
+
+
+def prepare_hybrid_model() -> Path:
+    """The hybrid-attention layout (``KVLAB_MODEL=Gemma3-Tiny-Random``): made once with transformers and cached."""
+    return _prepare_local_model(HYBRID_MODEL, HYBRID_MODEL_CONFIG, chat_template=True)
