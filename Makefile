@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 export KVLAB_BUILD_DIR ?= $(CURDIR)/build
 NOTEBOOKS := notebooks/*.ipynb labs/*.ipynb instructors/*.ipynb
 
-.PHONY: course preview test unit setup browser redis lab sync lint lock compare-vllm clean
+.PHONY: test-models course preview test unit setup browser redis lab sync lint lock compare-vllm clean
 
 course: setup redis
 	$(BIN)/kvlab build
@@ -19,7 +19,11 @@ preview: setup  ## the course's pages from the notebooks as written, no executio
 
 test: export KVLAB_EXTRAS = dev,ray
 test: setup browser redis
-	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax --durations=20
+	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax -m "not models" --durations=20
+
+test-models: export KVLAB_EXTRAS = dev,ray
+test-models: setup redis  ## every lesson on the hybrid model, the step-time lessons on the second model (CI runs it too)
+	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests/test_second_model.py -m models --durations=20
 
 unit: export KVLAB_EXTRAS = dev
 unit: setup  ## the tests that need no engine and no notebook kernel: under a minute

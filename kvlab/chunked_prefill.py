@@ -37,10 +37,10 @@ def interference_arrivals(tokenizer: Any, decoders: int, decoder_prompt: int, de
 
 
 def arrival_once_streaming(llm: Any, tokenizer: Any, decoders: int, decoder_prompt: int, decoder_tokens: int,
-                           at_least_s: float, tokens_before: int = 6) -> float:
+                           tokens_before: int = 6) -> float:
     """When the long prompt should arrive on this machine: once every decoder has streamed ``tokens_before`` tokens
-    (measured on ``llm``, after an untimed warm-up), with half that time again as margin, and not before
-    ``at_least_s`` — so the decoders' gaps before it exist on a slow machine too."""
+    (measured on ``llm``, after an untimed warm-up), with half that time again as margin — so the decoders' gaps
+    before it exist on a slow machine, and the decoders are still streaming when it comes on a fast one."""
     arrivals = interference_arrivals(tokenizer, decoders, decoder_prompt, decoder_tokens, 64, 0.0)[:decoders]
     for a in arrivals:
         a.max_tokens = min(decoder_tokens, tokens_before + 1)
@@ -48,7 +48,7 @@ def arrival_once_streaming(llm: Any, tokenizer: Any, decoders: int, decoder_prom
     tokens, _ = run_workload(llm, arrivals)
     streaming = float(tokens[tokens.token == tokens_before].t_s.max())
     llm.reset_prefix_cache()  # the workload that follows must not reuse these prompts' KV
-    return max(at_least_s, round(1.5 * streaming, 2))
+    return max(0.01, round(1.5 * streaming, 2))
 
 
 def short_behind_long_arrivals(tokenizer: Any, long_prompt: int, short_prompt: int, short_at_s: float) -> list[Arrival]:

@@ -14,6 +14,12 @@ A ``Subscriber`` binds nothing on the network: the publisher binds an ``ipc://``
 (vLLM's publisher binds ``ipc://``, ``inproc://`` and wildcard ``tcp://*:…`` endpoints and connects to any other
 ``tcp://`` one: ``vllm/distributed/kv_events.py``, ``ZmqEventPublisher._is_bind_endpoint``), the subscriber connects to it, and a background thread decodes the
 messages. ``close()`` (or the ``with`` block) stops the thread, closes the socket and removes the folder.
+
+PUB/SUB drops what is published before the subscriber's connection is up (ZMQ's "slow joiner"): a small engine can
+serve its first request within the 100 ms a SUB socket waits between connection attempts, and the blocks that request
+stored would be missing. So the publisher also binds a replay socket (``replay_endpoint``: it keeps the last batches
+and resends them from a sequence number on request, ``ZmqEventPublisher._service_replay``), and the subscriber asks
+it for any batch whose sequence number it skipped — every engine's first batch is number 0.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Subscriber:
     def __init__(self, topic: str = "kvlab") -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="kvlab-kv-events-"))
         self.endpoint = f"ipc://{self.folder / 'kv-events.sock'}"
+        self.replay_endpoint = f"ipc://{self.folder / 'kv-replay.sock'}"
         self.topic = topic
         self.rows: list[dict[str, Any]] = []
         self.batches = 0
@@ -46,15 +53,20 @@ class Subscriber:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._positions: dict[Any, int] = {}
+        self._next_seq = 0  # the sequence number the next batch should carry (each engine's publisher starts at 0)
+        self.replayed = 0  # batches recovered through the replay socket
 
     def engine_args(self) -> dict[str, Any]:
-        """The ``kv_events_config`` that makes the engine publish to this subscriber."""
+        """The ``kv_events_config`` that makes the next engine publish to this subscriber (call it once per engine:
+        a new publisher numbers its batches from 0 again)."""
 
         import_vllm()  # the course's environment first (in-process engine on CPU), then vLLM's config classes
         from vllm.config import KVEventsConfig
 
+        with self._lock:
+            self._next_seq = 0
         return {"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=self.endpoint,
-                                                   topic=self.topic)}
+                                                   replay_endpoint=self.replay_endpoint, topic=self.topic)}
 
     def start(self) -> Subscriber:
         """Connect and start collecting (before the engine starts, so no event is missed); a second call (``with
@@ -79,6 +91,7 @@ class Subscriber:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, 10)  # ms between attempts while no engine is bound: join soon after it binds
         sock.setsockopt_string(zmq.SUBSCRIBE, self.topic)
         sock.connect(self.endpoint)
         ready.set()
@@ -86,11 +99,42 @@ class Subscriber:
             while not self._stop.is_set():
                 if not sock.poll(50):
                     continue
-                _, seq, payload = sock.recv_multipart()
-                self._add(int.from_bytes(seq, "big"), decoder.decode(payload))
+                _, seq_bytes, payload = sock.recv_multipart()
+                seq = int.from_bytes(seq_bytes, "big")
+                with self._lock:
+                    missed_from = self._next_seq if seq > self._next_seq else None
+                    self._next_seq = seq + 1
+                if missed_from is not None:  # joined late or dropped some: fetch them before this one, in order
+                    for old_seq, old in self._replay(ctx, missed_from, seq):
+                        self._add(old_seq, decoder.decode(old))
+                self._add(seq, decoder.decode(payload))
         finally:
             sock.close(0)
             ctx.term()
+
+    def _replay(self, ctx: Any, start: int, stop: int) -> list[tuple[int, bytes]]:
+        """The batches numbered ``start`` to ``stop`` − 1, resent by the publisher's replay socket (empty if it does
+        not answer within 2 s)."""
+        import zmq
+
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.replay_endpoint)
+        got: list[tuple[int, bytes]] = []
+        try:
+            dealer.send_multipart((b"", start.to_bytes(8, "big")))
+            while dealer.poll(2000):
+                frames = dealer.recv_multipart()  # (b"", topic, seq, payload); the end marker has an empty topic
+                if len(frames) != 4 or not frames[1]:
+                    break
+                seq = int.from_bytes(frames[2], "big")
+                if start <= seq < stop:
+                    got.append((seq, frames[3]))
+        finally:
+            dealer.close(0)
+        with self._lock:
+            self.replayed += len(got)
+        return got
 
     def _add(self, seq: int, batch: Any) -> None:
         rows = []

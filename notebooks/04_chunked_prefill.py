@@ -42,14 +42,14 @@ from kvlab import chunked_prefill, workload
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model())
 decoders, decoder_tokens = kvlab.pick(4, 3), kvlab.pick(96, 48)
 context = kvlab.model.fit_context(8192)  # 8,192 tokens, or the model's own context where it is shorter
-long_tokens, long_at = min(kvlab.pick(3072, 2048), context - 64), kvlab.pick(1.0, 0.5)
+long_tokens = min(kvlab.pick(3072, 2048), context - 64)
 budgets = kvlab.pick([256, 1024, 2048], [256, 1024])
 configs = {"chunked off": {"enable_chunked_prefill": False}}
 configs |= {f"chunks of {b}": {"enable_chunked_prefill": True, "max_num_batched_tokens": b} for b in budgets}
 configs[f"chunks of {max(budgets)} + long threshold 256"] = {"enable_chunked_prefill": True, "max_num_batched_tokens": max(budgets),
                                                              "long_prefill_token_threshold": 256}
-print(f"{decoders} decoders × {decoder_tokens} tokens from t=0; a {long_tokens:,}-token prompt at t ≥ {long_at} s "
-      f"(set from this machine's speed below); {len(configs)} engine configurations")
+print(f"{decoders} decoders × {decoder_tokens} tokens from t=0; a {long_tokens:,}-token prompt once they stream "
+      f"(its time set from this machine's speed below); {len(configs)} engine configurations")
 
 # %% [markdown]
 # ## 2. Run every configuration
@@ -66,7 +66,7 @@ results, timelines, behind = [], {}, []
 for name, args in tqdm(configs.items(), desc="configurations"):
     llm = kvlab.make_engine(enforce_eager=True, max_model_len=context, **args)
     if name == "chunked off":  # the first engine: when do the decoders stream on this machine?
-        long_at = chunked_prefill.arrival_once_streaming(llm, tok, decoders, 64, decoder_tokens, long_at)
+        long_at = chunked_prefill.arrival_once_streaming(llm, tok, decoders, 64, decoder_tokens)
         print(f"the long prompt arrives at t = {long_at:.2f} s, once every decoder is streaming")
     tokens, reqs = workload.run_workload(llm, chunked_prefill.interference_arrivals(tok, decoders, 64, decoder_tokens, long_tokens, long_at))
     results.append({"config": name} | chunked_prefill.interference_summary(tokens, reqs))
@@ -100,6 +100,7 @@ dec = dec.assign(gap_s=dec.groupby("request_id").t_s.diff())
 during = dec[(dec.t_s >= long_req.arrival_s) & (dec.t_s <= long_req.first_token_s + 1e-9)]
 worst_ms = during.gap_s.max() * 1e3
 print(f"chunked off: {len(during)} decoder gaps ended while the long prompt waited; the worst: {worst_ms:.0f} ms")
+assert len(during) > 0, "the decoders had finished before the long prompt arrived: raise decoder_tokens"
 assert abs(worst_ms - summary.set_index("config").decoder_itl_max_ms["chunked off"]) < 1e-6
 
 # %% [markdown]

@@ -63,6 +63,34 @@ def test_starting_twice_keeps_one_connection_so_no_event_is_counted_twice():
     assert not sub.folder.exists() and not any(t.name == "kvlab-kv-events" for t in threading.enumerate())
 
 
+def test_batches_published_before_the_subscriber_joined_are_replayed_in_order():
+    """vLLM's own publisher (no engine): batch 0 goes out before any subscriber is connected (PUB/SUB drops it), batch
+    1 after; the subscriber sees 1, notices 0 is missing and fetches it from the replay socket first."""
+    import time
+
+    from vllm.distributed.kv_events import AllBlocksCleared as Cleared
+    from vllm.distributed.kv_events import BlockRemoved as Removed
+    from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+
+    sub = kvevents.Subscriber()
+    cfg = sub.engine_args()["kv_events_config"]
+    pub = ZmqEventPublisher(0, endpoint=cfg.endpoint, replay_endpoint=cfg.replay_endpoint, topic=cfg.topic)
+    try:
+        pub.publish(KVEventBatch(ts=1.0, events=[Removed(block_hashes=[7], medium=None)]))  # nobody listening yet
+        time.sleep(0.3)
+        sub.start()
+        time.sleep(0.3)
+        pub.publish(KVEventBatch(ts=2.0, events=[Cleared()]))
+        deadline = time.monotonic() + 10
+        while len(sub.table()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t = sub.table()
+        assert t.seq.tolist() == [0, 1] and t.event.tolist() == ["removed", "cleared"] and sub.replayed == 1, t
+    finally:
+        pub.shutdown()
+        sub.close()
+
+
 def test_owners_follow_the_whole_prefix_not_just_one_block():
     a = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks of 4 (the 9th token is a partial block: never cached)
     b = [1, 2, 3, 4, 50, 60, 70, 80]  # shares a's first block only
