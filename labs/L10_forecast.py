@@ -19,7 +19,8 @@
 # Headless: `papermill --engine kvlab labs/L10_forecast.ipynb out.ipynb --cwd labs -y "budgets: [512, 128]" -p ttft_slo_x 2`.
 # Writes `predictions.csv` + `predictions.json` (time and SHA-256, before measuring), `results.csv/.parquet` (the
 # scorecard: one row per point and metric with predicted, measured, lo80, hi80, error, inside), `summary.csv` (per
-# metric), `capacity.csv` (SLO met/missed, forecast vs measured, per rate), `error_budget.csv`, `metadata.json` and
+# metric), `capacity.csv` (SLO met/missed, forecast vs measured, per rate), `error_budget.csv`, `machine_speed.csv` (each
+# point's canaries: a point measured while the machine was busy is measured once more), `metadata.json` and
 # `scorecard.html`.
 
 # %% tags=["parameters"]
@@ -97,7 +98,7 @@ print(f"SLO {objective.describe()}; forecast capacity {capacity:.2f} req/s; {len
 # ## Measure and score
 
 # %%
-measured = scorecard.measure_grid(engines, grid, out)
+measured = scorecard.measure_grid(engines, grid, out, model=models["main"])
 given, given_central = scorecard.predict_given_acceptance(grid, setups, models, measured)
 central |= given_central
 card = scorecard.score(pd.concat([predictions, given], ignore_index=True), measured)
@@ -118,7 +119,8 @@ settings = {k: llm.kvlab_settings for k, llm in engines.items()}
 kvlab.results.save_results(card, out, p, engine_settings=settings | {"slo": objective.as_dict(), "capacity_rps": capacity,
                                                                      "step_model": model.constants, "predictions": stamp,
                                                                      "sustainable": sustainable},
-                           tables={"summary.csv": summary, "capacity.csv": calls, "error_budget.csv": budget},
+                           tables={"summary.csv": summary, "capacity.csv": calls, "error_budget.csv": budget,
+                                   "machine_speed.csv": scorecard.machine_speed(measured)},
                            figures={"scorecard.html": fig})
 for llm in engines.values():
     kvlab.close_engine(llm)

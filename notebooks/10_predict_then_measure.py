@@ -151,6 +151,12 @@ predictions.head(8).round(2)
 #
 # The measuring cell checks that `predictions.csv` exists, is unchanged since it was written, and predicts *this*
 # grid — otherwise it refuses. (Here it is asked first for a folder with no predictions.)
+#
+# The machine is shared: another process on the cores slows every step, and no forecast of this machine's steps can
+# know it. So between points the main engine runs a **canary** — the same 4 short sequences every time, its steps timed
+# against the step model's prediction for them. A point whose canary before or after ran more than 10 % slower than
+# the fastest canary of the grid was measured while the machine was busy: it is measured once more, and the run beside
+# the calmer canaries is kept (chosen by the canaries, never by the point's error; at most a quarter of the points).
 
 # %%
 try:
@@ -162,9 +168,12 @@ except kvlab.KVLabError as refused:
 import time
 
 started = time.time()
-measured = scorecard.measure_grid(engines, grid, out_dir)
+measured = scorecard.measure_grid(engines, grid, out_dir, model=models["main"])
 assert stamp["written_unix"] < started, "predictions must be on disk before the first point runs"
-print(f"measured {len(measured)} points, starting {started - stamp['written_unix']:.1f} s after the predictions were written")
+speed = scorecard.machine_speed(measured)
+print(f"measured {len(measured)} points, starting {started - stamp['written_unix']:.1f} s after the predictions were written; "
+      f"canaries: median {speed[['before', 'after']].stack().median():.2f}× the step model's time, the slowest "
+      f"{speed.slower.max():+.0%} against the fastest; {int(speed.remeasured.sum())} point(s) measured again")
 
 # %% [markdown]
 # ## 7. The scorecard
@@ -224,7 +233,8 @@ calls.round(3)
 # For every point-metric off by more than 15 %: the step model's error on that point's **own measured steps** (their
 # recorded compositions, predicted, against their recorded durations) and the term that dominates them, beside the
 # schedule — steps, prefix-cache hits and preemptions, forecast against engine. A miss mostly explained by the step
-# error is a step-time miss; otherwise the schedule differed (or the machine was busy in a way no step shows).
+# error is a step-time miss — and where the point's canary also ran slow, the machine was busy; otherwise the schedule
+# differed.
 
 # %%
 engine_of = {p.name: p.engine for p in grid}

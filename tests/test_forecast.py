@@ -94,6 +94,28 @@ def test_the_scorecard_scores_errors_and_intervals():
     assert board.loc["ttft_p50_ms", "median_abs_error"] == pytest.approx(0.1)
 
 
+def test_a_point_beside_a_slow_canary_is_measured_again_and_the_calmer_run_kept(tmp_path, monkeypatch):
+    """Pure logic with stand-ins for the engine: canaries read 1.0, 1.0, then 1.3 after point b (the machine busy),
+    1.0 and 1.02 around b's second run; a's neighbours were calm. b is measured twice and its second run kept; a once."""
+    grid = fake_grid()
+    scorecard.write_predictions(pd.DataFrame([{"point": "a", "metric": "tpot_p50_ms", "predicted": 1.0, "lo80": 1.0,
+                                               "hi80": 1.0}]), grid, tmp_path)
+    speeds, runs = iter([1.0, 1.0, 1.3, 1.0, 1.02]), []
+
+    def fake_point(llm, point):
+        runs.append(point.name)
+        return pd.DataFrame({"run": [len(runs)]}), pd.DataFrame({"seconds": [0.1]})
+
+    monkeypatch.setattr(scorecard, "canary", lambda llm, model: next(speeds))
+    monkeypatch.setattr(scorecard, "measure_point", fake_point)
+    monkeypatch.setattr(scorecard, "run_workload", lambda llm, arrivals: None)
+    measured = scorecard.measure_grid({"main": object()}, grid, tmp_path, model=object(), retries=1.0)
+    assert runs == ["a", "b", "b"] and measured["b"][0].run.iloc[0] == 3 and measured["a"][0].run.iloc[0] == 1
+    speed = scorecard.machine_speed(measured).set_index("point")
+    assert speed.remeasured.tolist() == [False, True] and speed.loc["b", "first_slower"] == pytest.approx(0.3)
+    assert speed.loc["b", "slower"] == pytest.approx(0.02) and speed.loc["b", "after"] == pytest.approx(1.02)
+
+
 class ByteTokenizer:
     """Enough of a tokenizer for ``kvlab.prompts``: one token per byte of the course text."""
 
