@@ -56,19 +56,24 @@ def test_lesson_00_runs_with_the_base_model_in_the_course_build():
     assert "has no chat template" in source
 
 
+def run_lesson(lesson: str, model_name: str, tmp_path, monkeypatch) -> str:
+    """Execute a lesson unedited in quick mode with ``KVLAB_MODEL=model_name``; the text of its outputs."""
+    from kvlab.runtime import kernels
+
+    monkeypatch.setenv("KVLAB_MODEL", model_name)
+    monkeypatch.setenv("KVLAB_QUICK", "1")
+    executed = tmp_path / f"{lesson}.ipynb"
+    kernels.execute(str(config.REPO_ROOT / "notebooks" / f"{lesson}.ipynb"), str(executed), cwd=str(config.REPO_ROOT / "notebooks"))
+    return outputs_text(executed)
+
+
 LESSONS = sorted(p.stem for p in (config.REPO_ROOT / "notebooks").glob("0[0-9]_*.ipynb"))
 
 
 @pytest.mark.models
 @pytest.mark.parametrize("lesson", ["01_kv_cache_by_hand", "02_prefill_vs_decode", "05_batching", "09_speculative_decoding"])
 def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_path, monkeypatch):
-    from kvlab.runtime import kernels
-
-    monkeypatch.setenv("KVLAB_MODEL", SECOND)
-    monkeypatch.setenv("KVLAB_QUICK", "1")
-    executed = tmp_path / f"{lesson}.ipynb"
-    kernels.execute(str(config.REPO_ROOT / "notebooks" / f"{lesson}.ipynb"), str(executed), cwd=str(config.REPO_ROOT / "notebooks"))
-    text = outputs_text(executed)
+    text = run_lesson(lesson, SECOND, tmp_path, monkeypatch)
     assert SECOND in text  # the environment report names the model that ran
     if lesson.startswith("01"):  # variants follow the chosen model: MHA = its 8 query heads; ratios 2/8 and 2/1
         assert "MHA copy (8 KV heads)" in text and "formula 0.250×" in text and "formula 2.000×" in text
@@ -107,13 +112,7 @@ def test_lessons_run_unedited_on_the_hybrid_model(lesson, tmp_path, monkeypatch)
     """Gemma-3's local:global layout keeps several KV cache groups: lesson 03 checks its prefix hits against vLLM's
     scheduler replay (the hybrid rule), lesson 08 its events, pools and preemptions per group; the others run their
     own checks on a model whose every layer group is a sixth of its KV."""
-    from kvlab.runtime import kernels
-
-    monkeypatch.setenv("KVLAB_MODEL", model.HYBRID_MODEL)
-    monkeypatch.setenv("KVLAB_QUICK", "1")
-    executed = tmp_path / f"{lesson}.ipynb"
-    kernels.execute(str(config.REPO_ROOT / "notebooks" / f"{lesson}.ipynb"), str(executed), cwd=str(config.REPO_ROOT / "notebooks"))
-    text = outputs_text(executed)
+    text = run_lesson(lesson, model.HYBRID_MODEL, tmp_path, monkeypatch)
     assert model.HYBRID_MODEL in text
     if lesson.startswith(("03", "08")):
         groups = int(text.split(" KV cache group(s)")[0].rsplit(maxsplit=1)[-1])
