@@ -85,7 +85,9 @@ def run_pools(pools: dict[str, tuple[list[int], list[Arrival]]], model: str, eng
                 job_file = folder / f"{name}.job"
                 job_file.write_bytes(pickle.dumps(job))
                 logs[name] = folder / f"{name}.log"
-                env = os.environ | {"OMP_NUM_THREADS": str(len(cores))}
+                # vLLM binds its OpenMP threads to these cores whatever the parent process was told
+                env = os.environ | {"OMP_NUM_THREADS": str(len(cores)),
+                                    "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores)}
                 with open(logs[name], "wb") as log:
                     procs[name] = subprocess.Popen([sys.executable, "-m", "kvlab.pools", str(job_file)], stdout=log,
                                                    stderr=subprocess.STDOUT, env=env, preexec_fn=_pin(cores))

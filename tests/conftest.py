@@ -50,6 +50,21 @@ def _available_gib() -> float:
 
 def pytest_sessionstart(session):
     _busy_processes(float("inf"))  # CPU used before the run is not counted
+    if not os.environ.get("KVLAB_STARTUP_LOG"):  # every engine and server start of the run (kernels inherit it)
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="kvlab-startups-", suffix=".jsonl")
+        os.close(fd)
+        os.environ["KVLAB_STARTUP_LOG"] = path
+
+
+def _startups() -> tuple[int, float]:
+    """Engine and service start-ups recorded so far in this run (``config.note_startup``): how many, seconds in all."""
+    from kvlab.course.build import startup_seconds
+
+    path = os.environ.get("KVLAB_STARTUP_LOG", "")
+    seen = startup_seconds(Path(path)) if path and Path(path).exists() else []
+    return len(seen), sum(seen)
 
 
 def python_stacks(pids: list[int]) -> str:
@@ -115,8 +130,11 @@ def pytest_runtest_protocol(item, nextitem):
         now = time.monotonic()
         took, _CLOCK["module_start"] = now - _CLOCK["module_start"], now
         terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+        count, seconds = _startups()
+        starts = f"{count - _CLOCK.get('starts', 0):.0f} start-ups, {seconds - _CLOCK.get('start_s', 0.0):.0f} s"
+        _CLOCK["starts"], _CLOCK["start_s"] = count, seconds
         if terminal is not None:
-            terminal.write_line(f"  [{module}: {took:.0f} s; {(now - _CLOCK['start']) / 60:.1f} min so far; load "
+            terminal.write_line(f"  [{module}: {took:.0f} s ({starts}); {(now - _CLOCK['start']) / 60:.1f} min so far; load "
                                 f"{os.getloadavg()[0]:.1f}; memory available {_available_gib():.1f} GiB; "
                                 f"busy others: {_busy_processes(took)}]")
 
@@ -175,7 +193,11 @@ def model_dir():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """No vLLM server may outlive the tests or notebooks that started it: fail the run if one did."""
+    """No vLLM server may outlive the tests or notebooks that started it: fail the run if one did. Prints the run's
+    engine and service start-ups (how many, how long in all): the part of CI's time no workload sizing can shrink."""
+    count, seconds = _startups()
+    print(f"\nengine and service start-ups in this run: {count}, {seconds / 60:.1f} min in all "
+          f"(the course build's own lessons are in its report)")
     from kvlab.runtime.serving import running_servers
 
     left = [p.pid for p in running_servers()]

@@ -71,6 +71,7 @@ def test_reference_results_are_a_full_mode_run_with_machine_info(lab):
 
 @pytest.mark.notebook
 def test_solutions_notebook_runs_on_the_reference_results(tmp_path):
+    """The instructors' solutions notebook, run on the committed reference results (no engine): nothing else runs it."""
     from kvlab.runtime import kernels
 
     kernels.execute(str(config.REPO_ROOT / "instructors" / "solutions.ipynb"), str(tmp_path / "solutions.ipynb"),

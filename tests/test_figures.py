@@ -61,3 +61,33 @@ def test_the_build_flags_a_notebook_whose_figure_overreaches(tmp_path):
     path = tmp_path / "nb.ipynb"
     path.write_text(nbformat.writes(nb))
     assert [p.split(":")[0] for p in build.figure_problems(path)] == ["cell 0"]
+
+
+def test_figures_read_back_from_a_notebook_are_checked_on_all_their_data():
+    """An executed notebook holds numpy coordinates as base64 (``bdata``): they count as data. Lesson 02's TTFT plot
+    (prompts 128-4,096 as numpy, a ridge marker at 32 as a list) was flagged when only the list was read."""
+    import json
+
+    import numpy as np
+    import plotly.io as pio
+
+    fig = go.Figure(go.Scatter(x=np.array([128, 1024, 4096], dtype="int16"), y=np.array([0.1, 0.8, 6.0])))
+    fig.add_scatter(x=[32, 32], y=[0.1, 6.0])
+    fig.update_layout(xaxis_type="log", xaxis_range=[1.33, 3.79])
+    back = pio.from_json(json.dumps(json.loads(pio.to_json(fig))))
+    assert isinstance(back.data[0].x, dict) and "bdata" in back.data[0].x  # what the build reads
+    assert figures._numbers(back.data[0].x) == [128.0, 1024.0, 4096.0]
+    assert figures.overreach(back) == []
+    back.update_layout(xaxis_range=[1.33, 9.0])
+    assert len(figures.overreach(back)) == 1
+
+
+def test_lesson_07s_mitigations_plot_puts_its_slo_label_on_the_log_axis():
+    from types import SimpleNamespace
+
+    from kvlab import loadtest
+
+    table = pd.DataFrame({"setting": ["shared", "priority"], "chat TTFT p95 (ms)": [900.0, 300.0], "batch tokens/s": [50.0, 40.0]})
+    fig = loadtest.mitigations(table, SimpleNamespace(percentile=95, ttft_ms=400.0))
+    assert figures.overreach(fig) == [], figures.overreach(fig)
+    assert [a.y for a in fig.layout.annotations if a.text == "TTFT SLO"] == [math.log10(400.0)]

@@ -146,6 +146,8 @@ def test_a_typo_on_papermills_command_line_fails_with_one_sentence(tmp_path):
 
 @pytest.mark.notebook
 def test_lab_l01_runs_headless_twice_and_writes_tidy_results(tmp_path):
+    """Lab L01 twice into one folder (safe to run twice, the one test of the results writer for every lab) on a
+    7B preset: the planning tables lesson 01 does not write. No engine."""
     from kvlab.runtime import kernels
 
     out = tmp_path / "out"
@@ -166,6 +168,7 @@ def test_lab_l01_runs_headless_twice_and_writes_tidy_results(tmp_path):
 
 @pytest.mark.notebook
 def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
+    """An unknown model preset fails the executed lab with one sentence (papermill's error), which no lesson can show."""
     import papermill as pm
 
     from kvlab.runtime import kernels
@@ -178,6 +181,8 @@ def test_lab_l01_bad_parameter_fails_with_one_sentence(tmp_path):
 
 @pytest.mark.notebook
 def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch, second_model):
+    """Lab L02's one CI run, on the second model: metadata.json says what quick mode ran and what was asked, and the
+    rows agree point by point; lesson 02 runs the course model and writes no tables."""
     from kvlab.runtime import kernels
 
     monkeypatch.setenv("KVLAB_QUICK", "1")
@@ -207,6 +212,8 @@ def test_lab_l02_quick_mode_records_the_sizes_that_ran(tmp_path, monkeypatch, se
 
 @pytest.mark.notebook
 def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path, second_model):
+    """Lab L03's one CI run, on the second model: the caching on/off table and its summary columns; the hit-rate
+    claims themselves are asserted by lesson 03 on the course model."""
     from kvlab.runtime import kernels
 
     out = tmp_path / "out"
@@ -224,6 +231,8 @@ def test_lab_l03_reports_hit_rate_and_ttft_delta(tmp_path, second_model):
 
 @pytest.mark.notebook
 def test_lab_l04_compares_chunked_prefill_configs(tmp_path, second_model):
+    """Lab L04's one CI run, on the second model: one row per configuration, the token table and the trade-off
+    figure an instructor compares across cohorts; lesson 04 asserts the stall on the course model."""
     from kvlab.runtime import kernels
 
     out = tmp_path / "out"
@@ -239,6 +248,8 @@ def test_lab_l04_compares_chunked_prefill_configs(tmp_path, second_model):
 
 @pytest.mark.notebook
 def test_lab_l05_batch_sweep(tmp_path, second_model):
+    """Lab L05's one CI run, on the second model: the summary table and the engine's KV capacity in the metadata;
+    lesson 05 asserts batching's shape on the course model."""
     from kvlab.runtime import kernels
 
     out = tmp_path / "out"

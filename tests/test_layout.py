@@ -108,3 +108,17 @@ def test_the_lesson_table_names_every_lesson_topic_module_lab_and_test():
     in_table = set(re.findall(r"`(test_[a-z_]+\.py)`", text))
     tests = {p.name for p in (REPO_ROOT / "tests").glob("test_*.py")}
     assert tests <= in_table, f"test files missing from DEVELOPERS.md's tables: {sorted(tests - in_table)}"
+
+
+def test_every_test_that_runs_a_notebook_says_what_it_asserts():
+    """Nothing measured twice in CI without a reason: a test that executes a lesson or a lab again says in its docstring
+    what it asserts that the lesson's own run (nbval) cannot."""
+    missing = []
+    for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                         for n in ast.walk(node) if isinstance(n, ast.Call)}
+                if calls & {"execute", "run_lesson", "build"} and not ast.get_docstring(node):
+                    missing.append(f"{path.name}::{node.name}")
+    assert not missing, missing

@@ -127,6 +127,7 @@ def test_lab_l08_hit_rate_rises_with_the_budget_and_events_agree_with_the_counte
 
 @pytest.mark.notebook
 def test_lab_l08_traffic_longer_than_the_context_fails_before_any_engine_starts(tmp_path):
+    """Lab L08 refuses traffic longer than the context in one sentence before an engine starts (seconds, no engine)."""
     import papermill as pm
 
     from kvlab.course import labs

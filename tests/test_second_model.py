@@ -73,6 +73,8 @@ LESSONS = sorted(p.stem for p in (config.REPO_ROOT / "notebooks").glob("0[0-9]_*
 @pytest.mark.models
 @pytest.mark.parametrize("lesson", ["01_kv_cache_by_hand", "02_prefill_vs_decode", "05_batching", "09_speculative_decoding"])
 def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_path, monkeypatch):
+    """The lessons whose numbers follow the model's shape (variants from its heads, the roofline, the step model fitted
+    on another family) on Qwen2: what the course-model run cannot show is that nothing in them is the course model's."""
     text = run_lesson(lesson, SECOND, tmp_path, monkeypatch)
     assert SECOND in text  # the environment report names the model that ran
     if lesson.startswith("01"):  # variants follow the chosen model: MHA = its 8 query heads; ratios 2/8 and 2/1
@@ -85,6 +87,7 @@ def test_lessons_run_unedited_with_the_second_model(lesson, second_model, tmp_pa
 
 @pytest.mark.parametrize("lab", [lab for lab in labs.list_labs() if lab not in ELSEWHERE])
 def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch):
+    """Each lab not run elsewhere, with its defaults, on the second model: its only CI run."""
     from kvlab.runtime import kernels
 
     monkeypatch.setenv("KVLAB_QUICK", "1")

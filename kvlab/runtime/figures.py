@@ -34,11 +34,22 @@ def place_on_log_axes(fig: Any) -> Any:
 
 
 def _numbers(values: Any) -> list[float]:
-    """The finite numbers among a trace's coordinates (categories, dates and gaps left out)."""
+    """The finite numbers among a trace's coordinates (categories, dates and gaps left out), numpy arrays and the
+    base64 form plotly writes them in (``{"bdata": …, "dtype": …}``, what an executed notebook holds) included."""
+    import base64
+
+    import numpy as np
+
     if values is None:
         return []
+    if isinstance(values, dict) and "bdata" in values:
+        values = np.frombuffer(base64.b64decode(values["bdata"]), dtype=values.get("dtype", "f8"))
+    if isinstance(values, np.ndarray):
+        values = values.ravel().tolist() if values.dtype.kind in "iuf" else list(values.ravel())
     out = []
     for v in values:
+        if isinstance(v, (np.integer, np.floating)):
+            v = v.item()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out.append(float(v))
     return out
