@@ -143,8 +143,10 @@ from IPython.display import Markdown
 thr = [c for c in configs if "threshold" in c][0]
 by_budget = s.loc[[f"chunks of {b}" for b in sorted(budgets)]]
 stalls_grow = by_budget.decoder_itl_max_ms.is_monotonic_increasing
-ttft_falls = by_budget.long_ttft_ms.is_monotonic_decreasing
-chunk_words = kvlab.claim(stalls_grow and ttft_falls, "smaller budget → shorter stalls, longer TTFT for the big request, as measured here",
+# TTFT between two large budgets differs by a step or two (within a shared machine's noise): the claim is the ends
+ttft_longest_at_smallest = by_budget.long_ttft_ms.iloc[0] == by_budget.long_ttft_ms.max()
+chunk_words = kvlab.claim(stalls_grow and ttft_longest_at_smallest,
+               "smaller budget → shorter stalls (every budget in order), and the smallest budget gave the big request its longest TTFT",
                "on this run the budgets did not order stalls and TTFT one way: " + ", ".join(
                    f"{b}: TTFT {r.long_ttft_ms:,.0f} ms, worst gap {r.decoder_itl_max_ms:,.0f} ms" for b, r in
                    zip(sorted(budgets), by_budget.itertuples(), strict=True)) + " — pick from the measured points, not the rule")

@@ -139,6 +139,36 @@ def pytest_runtest_protocol(item, nextitem):
                                 f"busy others: {_busy_processes(took)}]")
 
 
+class _FiguresWithinTheirData:
+    """A notebook cell run by nbval fails when a figure it drew puts a label or an axis range orders of magnitude beyond
+    its data (``figures.overreach``, the check ``make course`` applies to each built lesson). A plugin, not a conftest
+    hook: a conftest's call hooks reach only the tests below it, and the notebooks are not under tests/."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        outcome = yield
+        outputs = getattr(item, "test_outputs", None) or []  # nbval's outputs of the cell it just ran
+        if outcome.excinfo is not None or not outputs:
+            return
+        import json
+
+        import plotly.io as pio
+
+        from kvlab.runtime import figures
+
+        problems = []
+        for out in outputs:
+            spec = (out.get("data") or {}).get("application/vnd.plotly.v1+json")
+            if spec is not None:
+                problems += figures.overreach(pio.from_json(json.dumps(spec)))
+        if problems:
+            outcome.force_exception(AssertionError("a figure reaches far beyond its data: " + "; ".join(problems)))
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_FiguresWithinTheirData(), "kvlab-figures-within-their-data")
+
+
 @pytest.fixture(autouse=True)
 def _markers_say_what_a_test_starts(request, monkeypatch):
     """A test that starts a vLLM engine or server must be marked ``engine``, one that executes a notebook ``notebook``:

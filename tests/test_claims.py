@@ -16,6 +16,8 @@ def test_a_claim_says_what_happened_and_is_recorded(tmp_path, monkeypatch, capsy
     assert kvlab.claim(False, "throughput rose", "throughput fell", show=True) == "throughput fell"
     assert capsys.readouterr().out == "throughput fell\n"
     assert [c["held"] for c in read_claims(log)] == [True, False]
+    kvlab.claim(False, "of the 0 of 4 that met it", "none met it", teaches="at least one meets the SLO")
+    assert read_claims(log)[-1]["claim"] == "at least one meets the SLO"  # the report's words, not "0 of 4"
     assert read_claims(tmp_path / "none.jsonl") == []
 
 

@@ -7,14 +7,16 @@ import json
 import os
 
 
-def claim(holds: bool, said: str, otherwise: str, show: bool = False) -> str:
+def claim(holds: bool, said: str, otherwise: str, show: bool = False, teaches: str | None = None) -> str:
     """``said`` when ``holds`` (the outcome the lesson teaches), else ``otherwise`` (what this run showed instead);
-    recorded in ``KVLAB_CLAIMS_LOG`` when set (the course build sets it per lesson). Printed when ``show``."""
+    recorded in ``KVLAB_CLAIMS_LOG`` when set (the course build sets it per lesson), with ``teaches`` — the takeaway
+    in words, for the report, where ``said`` carries numbers that read wrongly when it failed ("saves -1 blocks").
+    Printed when ``show``."""
     sentence = said if holds else otherwise
     path = os.environ.get("KVLAB_CLAIMS_LOG", "").strip()
     if path:
         with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"claim": said, "held": bool(holds), "instead": otherwise}) + "\n")
+            f.write(json.dumps({"claim": teaches or said, "held": bool(holds), "instead": otherwise}) + "\n")
     if show:
         print(sentence)
     return sentence
