@@ -164,3 +164,16 @@ def test_vllm_kv_plan_matches_the_engine_for_sliding_and_hybrid_layouts(model_di
     gemma = rows["Gemma-3 (real architecture)"]
     assert gemma["sliding_layers"] == 10 and gemma["engine_blocks"] == 2**30 // (128 * 2 * 2 * 2 * 64 * 2) == 8192
     assert gemma["engine_max_concurrency"] == pytest.approx(8192 / 51)
+
+
+@pytest.mark.parametrize("env, threads", [
+    ({}, None), ({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, None), ({"OMP_NUM_THREADS": "1"}, "1"),
+    ({"VLLM_CPU_OMP_THREADS_BIND": "0"}, "1"), ({"VLLM_CPU_OMP_THREADS_BIND": "0-3,6"}, "5"),
+    ({"VLLM_CPU_OMP_THREADS_BIND": "0-1|2-3"}, None),
+])
+def test_numba_gets_the_engines_thread_count(env, threads):
+    """An in-process n-gram engine sets numba's thread count back to numba's own after each draft; numba shares the
+    OpenMP runtime, so a numba count above the engine's raised torch's threads (1 → 2) for every engine in the process."""
+    from kvlab.runtime import engine
+
+    assert engine.numba_threads_for(env) == threads

@@ -29,12 +29,34 @@ if TYPE_CHECKING:
     from vllm import LLM
 
 
+def numba_threads_for(env: dict[str, str] | os._Environ) -> str | None:
+    """Numba's thread count to match the OpenMP threads the engine is given (``OMP_NUM_THREADS``, else the length of
+    ``VLLM_CPU_OMP_THREADS_BIND``'s core list), or None when neither is set. The n-gram proposer restores numba's
+    count after each draft, and numba shares the process's OpenMP runtime: with numba at the machine's core count, an
+    in-process speculation engine raised every engine's torch threads from 1 to 2 (measured, docs/engine-notes.md)."""
+    if env.get("OMP_NUM_THREADS", "").strip().isdigit():
+        return env["OMP_NUM_THREADS"].strip()
+    bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "").strip()
+    if not bind or bind in ("auto", "nobind") or "|" in bind:
+        return None
+    count = 0
+    for part in bind.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
+            return None
+        count += int(hi) - int(lo) + 1 if hi else 1
+    return str(count)
+
+
 def _prepare_vllm_import() -> None:
     """Environment that must be set before vLLM is imported: in-process engine on CPU, our logging."""
     if "vllm" in sys.modules:
         return
     if not hardware.on_gpu():
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        numba_threads = numba_threads_for(os.environ)
+        if numba_threads:
+            os.environ.setdefault("NUMBA_NUM_THREADS", numba_threads)
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     vllm_logger = logging.getLogger("vllm")
     if not vllm_logger.handlers:
