@@ -38,7 +38,7 @@ from kvlab import (  # noqa: E402 - after the exit handler, so it runs last
 from kvlab.course import exercises, grid, labs, results  # noqa: E402
 from kvlab.runtime import config, engine, hardware, model, serving  # noqa: E402
 from kvlab.runtime.claims import claim  # noqa: E402
-from kvlab.runtime.config import DEFAULT_MODEL, VERSION, pick, quick  # noqa: E402
+from kvlab.runtime.config import DEFAULT_MODEL, VERSION, fit_to_time, pick, quick  # noqa: E402
 from kvlab.runtime.engine import KVCapacity, chat, close_engine, kv_capacity, kv_groups, make_engine  # noqa: E402
 from kvlab.runtime.envinfo import env_report, print_env  # noqa: E402
 from kvlab.runtime.errors import KVLabError, show_short_errors  # noqa: E402
@@ -54,6 +54,6 @@ __all__ = [
     "model", "outliers", "prefill_decode", "prompts", "results", "roofline", "serving", "sizing", "tasks", "timing",
     "traffic", "variants", "widgets", "workload",
     "DEFAULT_MODEL", "KVCapacity", "KVLabError", "chat", "claim", "close_engine", "env_report", "kv_capacity", "kv_groups", "make_engine",
-    "model_facts", "pick", "prepare_default_model", "print_env", "quick", "resolve_model", "setup_notebook",
+    "fit_to_time", "model_facts", "pick", "prepare_default_model", "print_env", "quick", "resolve_model", "setup_notebook",
     "show_short_errors",
 ]

@@ -177,6 +177,29 @@ def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: lis
     return grid
 
 
+def predicted_seconds(point: GridPoint, setup: forecast.Setup, model: StepModel) -> float:
+    """How long measuring ``point`` takes, by its central forecast: each run from its start to its last token."""
+    return sum(float(forecast.simulate(setup, run, model).requests.last_token_s.max()) for run in point.runs())
+
+
+def grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, Any], setups: dict[str, forecast.Setup],
+                  models: dict[str, StepModel], target_s: float) -> tuple[list[GridPoint], pd.Series]:
+    """The held-out grid whose forecast measuring time fits ``target_s``: the Poisson window (the part of the grid
+    whose time is set in seconds) shortened as far as needed, never below 10 requests per rate; every other point as
+    ``sizes`` says. The grid, and each point's forecast seconds (the lesson prints both)."""
+    def timed(window: float) -> tuple[list[GridPoint], pd.Series]:
+        grid = held_out_grid(toks, capacity_rps, **(sizes | {"poisson_window_s": window}))
+        return grid, pd.Series({p.name: predicted_seconds(p, setups[p.engine], models[p.engine]) for p in grid})
+
+    window = float(sizes["poisson_window_s"])
+    grid, seconds = timed(window)
+    poisson_s = sum(seconds[p.name] for p in grid if p.kind == "poisson")
+    if seconds.sum() > target_s and poisson_s > 0:
+        window *= max(0.0, target_s - (seconds.sum() - poisson_s)) / poisson_s
+        grid, seconds = timed(max(window, 1.0))
+    return grid, seconds
+
+
 def check_grid(grid: list[GridPoint], setups: dict[str, forecast.Setup]) -> None:
     """One sentence, before any calibration or measurement, for a point whose engine is missing or whose requests
     cannot fit its engine's context or KV pool (``forecast.check_workload``)."""

@@ -161,6 +161,13 @@ class StepModel:
         hardware = compute + weights + kv if self.form == "sum" else max(compute, weights + kv)
         return k["fixed_ms"] + k["per_sequence_ms"] * len(step.sequences) + hardware
 
+    def run_seconds(self, sequences: int, prompt_tokens: int, output_tokens: int) -> float:
+        """Forecast seconds for ``sequences`` equal requests submitted together: one prefill step of all their
+        prompts, then a decode step per further output token at the mid-run context (what lessons size sweeps by)."""
+        prefill = self.step_ms(Step(0.0, ((prompt_tokens, 0),) * sequences))
+        decode = self.step_ms(decode_step(sequences, prompt_tokens + output_tokens // 2))
+        return (prefill + max(output_tokens - 1, 0) * decode) / 1e3
+
     def attribution(self, steps: list[Step]) -> pd.DataFrame:
         """Per step: measured ms, predicted ms and the predicted split into terms (for a stacked bar)."""
         table = features(self.cost, self.limits, steps)

@@ -136,13 +136,20 @@ else:
 # its prompt length is a **stall** of the shared machine, not the engine (`docs/stalls.md`): the sweep flags it (above
 # its point's median + 5 robust standard deviations, and at least 1.5× the median), measures that point once more,
 # prints how many it flagged, and the percentiles leave the flagged ones out. They are shown below the table, not hidden.
+#
+# First, section 4's model of one engine step is fitted (a short sweep of its own, half a minute): it forecasts how long
+# one pass over the prompt lengths takes here, and the ceiling of five repeats shrinks to what fits about a minute.
 
 # %%
-decode_tokens, repeats = kvlab.pick(32, 16), kvlab.pick(5, 3)
-context = kvlab.kv_capacity(llm).max_model_len  # a model with a shorter context runs the lengths that fit
-prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + decode_tokens <= context]
 from kvlab import stepmodel
 
+steps_model = stepmodel.calibrate(llm, quick=True, limits=limits)  # section 4's step model, also the sweep's clock
+decode_tokens = kvlab.pick(32, 16)
+context = kvlab.kv_capacity(llm).max_model_len  # a model with a shorter context runs the lengths that fit
+prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + decode_tokens <= context]
+one_pass = sum(steps_model.run_seconds(1, n, decode_tokens) for n in prompt_lengths)  # every length once, forecast
+repeats = kvlab.fit_to_time(kvlab.pick([5, 4, 3], [3]), lambda r: (r + 1) * one_pass, kvlab.pick(60.0, 20.0))
+print(f"one pass over the lengths: about {one_pass:.1f} s here, so at most {repeats} repeats (3 at least) after a warm-up")
 recorder = stepmodel.StepRecorder(llm)  # every engine step of the sweep: its composition and its duration
 with recorder.recording():
     runs = prefill_decode.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")
@@ -207,11 +214,10 @@ eff.round(1)
 # The bounds say what a step cannot beat; how much of a measured step is each thing? `kvlab.stepmodel` fits one step's
 # duration from its composition — a **fixed** cost per step, a cost **per sequence**, and the step's FLOPs ÷ the
 # matmul peak and its bytes ÷ the bandwidth with fitted scales (or their maximum, whichever fits this machine's steps
-# better) — on a short calibration sweep of its own (prefills up to 512 tokens, batches of up to 4), then splits the
-# sweep's steps above into those terms: every prompt length's prefill step, and the decode steps after it.
+# better) — on the short calibration sweep of its own run before section 3 (prefills up to 512 tokens, batches of up
+# to 4), then splits the sweep's steps above into those terms: every prompt length's prefill step, and the decode steps after it.
 
 # %%
-steps_model = stepmodel.calibrate(llm, quick=True, limits=limits)
 prefill_terms = stepmodel.prefill_attribution(steps_model, recorder.steps)
 prefill_terms = prefill_terms[prefill_terms.prompt_tokens.isin(prompt_lengths)]
 decode_terms = stepmodel.attribution_by(steps_model, recorder.steps, lambda s: next(
@@ -248,12 +254,16 @@ gpu_split.assign(step=["decode at 1,024 tokens", "prefill of 1,024 tokens"])[["s
 # matter, without section 3's slowest prefill nine times over), each with a few output lengths. The engine is warm
 # from section 3, so no warm-up here, and a point section 3 already timed (its prompt length and output length) is
 # taken from it rather than timed again. Each bar splits one request's median time into prefill and decode; the label
-# names the phase that dominates.
+# names the phase that dominates. Three repeats per point, two where the step model says three would take more than
+# half a minute here.
 
 # %%
 split_outputs = kvlab.pick([8, 32, 128], [8, 32])
 split_prompts = [prompt_lengths[0], min(kvlab.pick(2048, 1024), context - max(split_outputs))]
-split = prefill_decode.sweep(llm, split_prompts, split_outputs, kvlab.pick(3, 2), warmup=0, desc="phase split", reuse=runs)
+split_pass = sum(steps_model.run_seconds(1, p, n) for p in split_prompts for n in split_outputs)  # forecast, one repeat
+split_repeats = kvlab.fit_to_time(kvlab.pick([3, 2], [2]), lambda r: r * split_pass, kvlab.pick(30.0, 15.0))
+split = prefill_decode.sweep(llm, split_prompts, split_outputs, split_repeats, warmup=0, desc="phase split", reuse=runs)
+print(f"{split_repeats} repeats of each point (one repeat of all: about {split_pass:.0f} s here)")
 kvlab.prefill_decode.phase_split(split).show()
 
 # %% [markdown]

@@ -44,7 +44,7 @@ from kvlab import batching, roofline, timing
 
 llm = kvlab.make_engine(enable_prefix_caching=False, max_num_batched_tokens=8192)  # a whole batch's prompts in one step
 batch_sizes = kvlab.pick([1, 4, 8, 16, 32, 64], [1, 8, 16])
-prompt_tokens, output_tokens = 128, kvlab.pick(64, 32)
+prompt_tokens = 128
 
 # %% [markdown]
 # ### First, a model of one step — and its predictions, written down before the sweep
@@ -64,6 +64,20 @@ print(f"{steps_model.form} form, fitted on {steps_model.points} step composition
       f"{steps_model.median_abs_residual():.1%}; the {steps_model.other_form['form']} form: {steps_model.other_form['median_abs_residual']:.1%})")
 steps_model.describe().round(4)
 
+# %% [markdown]
+# The model also says how long the sweep will take on this machine, so the lesson sizes it before running it: the
+# longest decode (64 tokens, 32 at least) whose two repeats of every batch size fit about a minute here.
+
+# %%
+def sweep_seconds(output_tokens: int) -> float:
+    """The step model's time for the sweep: two repeats of every batch size after a warm-up of the smallest."""
+    each = [steps_model.run_seconds(b, prompt_tokens, output_tokens) for b in batch_sizes]
+    return 2 * sum(each) + each[0]
+
+
+output_tokens = kvlab.fit_to_time(kvlab.pick([64, 48, 32], [32, 24]), sweep_seconds, kvlab.pick(60.0, 20.0))
+print(f"{output_tokens} output tokens per request: the sweep should take about {sweep_seconds(output_tokens):.0f} s here")
+
 # %%
 long_prompt, long_batch = 1024, 8
 ahead = pd.DataFrame([
@@ -77,9 +91,12 @@ ahead.round(1)
 # Now the sweep, with every step recorded.
 
 # %%
-recorder = stepmodel.StepRecorder(llm)
+import time
+
+recorder, started = stepmodel.StepRecorder(llm), time.perf_counter()
 with recorder.recording():
     batches = batching.batch_sweep(llm, batch_sizes, prompt_tokens, output_tokens, repeats=2)
+print(f"the sweep took {time.perf_counter() - started:.0f} s (forecast {sweep_seconds(output_tokens):.0f} s)")
 summary = batching.batch_summary(batches)
 summary.round(3)
 

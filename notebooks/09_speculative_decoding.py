@@ -105,12 +105,24 @@ print(f"On an {gpu.device} (datasheet limits, no overhead: a lower bound), Llama
 # - **code**: "add type hints to this function and return it" — functions of Python's own standard library;
 # - **chat**: open questions — nothing in the prompt to copy.
 #
-# Greedy, each request alone, streamed chunk by chunk (TPOT from the first to the last chunk, ITL between chunks).
+# Greedy, each request alone, streamed chunk by chunk (TPOT from the first to the last chunk, ITL between chunks). The
+# step model of section 6 is fitted first, on this engine's plain steps: it says how long the task runs will take,
+# and the answers are capped at the longest length (96 tokens, 64 at least) that fits about a minute and a half here.
 
 # %%
 from kvlab import stepmodel
 
-requests, max_tokens = kvlab.pick(3, 2), kvlab.pick(96, 64)
+steps_model = stepmodel.calibrate(base, quick=True, limits=limits)  # plain steps of this engine (section 6 uses it)
+requests = kvlab.pick(3, 2)
+
+
+def tasks_seconds(max_tokens: int) -> float:
+    """The step model's time for every task's requests on each engine (k = 0 and each k; speculation only shortens it)."""
+    return (1 + len(ks)) * len(speculative.TASKS) * requests * steps_model.run_seconds(1, 256, max_tokens)
+
+
+max_tokens = kvlab.fit_to_time(kvlab.pick([96, 64], [64]), tasks_seconds, kvlab.pick(90.0, 30.0))
+print(f"up to {max_tokens} output tokens per request: the task runs should take at most {tasks_seconds(max_tokens):.0f} s here")
 steps_of = {k: stepmodel.StepRecorder(base) for k in [0]}  # every engine step, per k (the engines come below)
 with steps_of[0].recording():
     runs = [speculative.time_tasks(base, list(speculative.TASKS), requests, max_tokens, k=0)]
@@ -145,7 +157,6 @@ assert speculative.ngram_proposal([1, 2, 3, 4], k=3) == []  # no suffix of 2-4 t
 batch_sizes, batch_k = kvlab.pick([1, 4, 16], [1, 8]), 4  # batches run with k = 4 (section 6)
 edit_prompts = [kvlab.runtime.templates.chat_template_ids(base.get_tokenizer(), m) for m in speculative.task_messages("edit", 4)]
 batches = [speculative.batch_run(base, edit_prompts, batch_sizes, 64, k=0)]
-steps_model = stepmodel.calibrate(base, quick=True, limits=limits)  # fitted on plain steps of this engine
 kvlab.close_engine(base)
 for k in ks:
     eng = kvlab.make_engine(enforce_eager=True, max_model_len=2048, **speculative.ngram_config(k))

@@ -136,10 +136,18 @@ print(f"SLO: {objective.describe()}; forecast maximum sustainable rate: {capacit
 # One point cannot be written down beforehand: which drafts the n-gram proposer finds depends on the text the model
 # writes. The speculation point is forecast after its run, **given** the acceptance vLLM counted in it (§7) — it is
 # in the grid's hash, not in `predictions.csv`.
+#
+# The forecast also says how long measuring will take, so the grid is sized from it before anything runs: on a slower
+# machine the Poisson rates (the points whose length is set in seconds) send the requests of a shorter window, never
+# fewer than 10 per rate; every other point is the same everywhere.
 
 # %%
 models = {key: model for key in [*budgets, "spec"]} | {"second": model.for_model(roofline.engine_cost(engines["second"]))}
-grid = scorecard.held_out_grid(toks, capacity, **sizes)
+measure_target_s = kvlab.pick(150.0, 60.0)  # the grid is sized so its forecast measuring time fits this
+grid, point_s = scorecard.grid_for_time(toks, capacity, sizes, setups, models, measure_target_s)
+rates = [p for p in grid if p.kind == "poisson"]
+print(f"forecast time to measure the grid: {point_s.sum():.0f} s (target {measure_target_s:.0f} s); Poisson rates "
+      f"send {', '.join(str(len(p.arrivals)) for p in rates)} requests (the counts behind their p50 and p90)")
 predictions, central = scorecard.predict_grid(grid, setups, models)
 out_dir = config.build_dir() / "forecast" / "lesson10"
 stamp = scorecard.write_predictions(predictions, grid, out_dir)
@@ -171,6 +179,7 @@ started = time.time()
 measured = scorecard.measure_grid(engines, grid, out_dir, model=models["main"])
 assert stamp["written_unix"] < started, "predictions must be on disk before the first point runs"
 speed = scorecard.machine_speed(measured)
+print(f"measuring took {time.time() - started:.0f} s, forecast {point_s.sum():.0f} s (canaries and warm-ups aside)")
 print(f"measured {len(measured)} points, starting {started - stamp['written_unix']:.1f} s after the predictions were written; "
       f"canaries: median {speed[['before', 'after']].stack().median():.2f}× the step model's time, the slowest "
       f"{speed.slower.max():+.0%} against the fastest; {int(speed.remeasured.sum())} point(s) measured again")

@@ -150,17 +150,9 @@ class _FiguresWithinTheirData:
         outputs = getattr(item, "test_outputs", None) or []  # nbval's outputs of the cell it just ran
         if outcome.excinfo is not None or not outputs:
             return
-        import json
-
-        import plotly.io as pio
-
         from kvlab.runtime import figures
 
-        problems = []
-        for out in outputs:
-            spec = (out.get("data") or {}).get("application/vnd.plotly.v1+json")
-            if spec is not None:
-                problems += figures.overreach(pio.from_json(json.dumps(spec)))
+        problems = figures.output_problems(outputs)
         if problems:
             outcome.force_exception(AssertionError("a figure reaches far beyond its data: " + "; ".join(problems)))
 

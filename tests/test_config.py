@@ -11,6 +11,15 @@ def test_quick_mode_follows_env(monkeypatch, value, expected):
     assert config.pick("full", "quick") == ("quick" if expected else "full")
 
 
+def test_sizes_fit_the_time_a_slower_machine_has_and_never_drop_below_the_least():
+    def seconds(repeats: int) -> float:
+        return repeats * 10.0
+
+    assert config.fit_to_time([5, 4, 3], seconds, 60) == 5  # a fast machine runs the full sweep
+    assert config.fit_to_time([5, 4, 3], seconds, 45) == 4
+    assert config.fit_to_time([5, 4, 3], seconds, 5) == 3  # too slow for any: the least a median needs, not fewer
+
+
 def test_model_name_defaults_and_overrides(monkeypatch):
     monkeypatch.delenv("KVLAB_MODEL", raising=False)
     assert config.model_name() == "SmolLM2-135M-Instruct"

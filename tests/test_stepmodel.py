@@ -57,6 +57,14 @@ def test_a_model_keeps_its_constants_on_another_model_and_bounds_a_gpu():
     assert gpu.constants["fixed_ms"] == 0 and 0 < gpu.predict_ms(step)[0] < model.predict_ms(step)[0] / 10
 
 
+def test_a_runs_time_is_its_prefill_step_and_its_decode_steps():
+    model = stepmodel.fit(synthetic("sum", SUM, 0.01), COST, LIMITS)
+    prefill = model.step_ms(stepmodel.Step(0.0, ((256, 0),) * 4))
+    decode = model.step_ms(stepmodel.decode_step(4, 256 + 16))
+    assert model.run_seconds(4, 256, 32) == pytest.approx((prefill + 31 * decode) / 1e3)
+    assert model.run_seconds(4, 256, 64) > model.run_seconds(4, 256, 32) > model.run_seconds(1, 256, 32)
+
+
 def test_a_fit_that_misses_says_so_and_names_the_worst_steps():
     steps = synthetic("sum", SUM, noise=0.6, seed=3)
     model = stepmodel.fit(steps, COST, LIMITS)

@@ -247,18 +247,11 @@ def missed_section(runs: list[NotebookRun]) -> str:
 
 def figure_problems(executed: Path) -> list[str]:
     """Every plotly figure of an executed notebook checked for labels or axis ranges far beyond its data
-    (``figures.overreach``): one line per problem, naming the cell."""
+    (``figures.output_problems``): one line per problem, naming the cell."""
     import nbformat
-    import plotly.io as pio
 
-    problems = []
-    for i, cell in enumerate(nbformat.read(executed, as_version=4).cells):
-        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
-            spec = out.get("data", {}).get("application/vnd.plotly.v1+json")
-            if spec is not None:
-                fig = pio.from_json(json.dumps(spec))
-                problems += [f"cell {i}: {p}" for p in figures.overreach(fig)]
-    return problems
+    return [f"cell {i}: {p}" for i, cell in enumerate(nbformat.read(executed, as_version=4).cells)
+            if cell.cell_type == "code" for p in figures.output_problems(cell.get("outputs", []))]
 
 
 def startup_seconds(log: Path) -> list[float]:

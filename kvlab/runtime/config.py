@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -29,6 +30,12 @@ def quick() -> bool:
 def pick(full: T, quick_value: T) -> T:
     """Return ``full`` for learners, ``quick_value`` in quick mode: the one switch for sweep sizes."""
     return quick_value if quick() else full
+
+
+def fit_to_time(options: Sequence[T], seconds_of: Callable[[T], float], target_s: float) -> T:
+    """The first of ``options`` (largest first) whose forecast ``seconds_of(option)`` fits ``target_s``, else the
+    last (the least a lesson's medians and p95s need): a slower machine runs fewer repeats or shorter decodes."""
+    return next((o for o in options if seconds_of(o) <= target_s), options[-1])
 
 
 def model_name() -> str:

@@ -33,7 +33,8 @@ def numba_threads_for(env: dict[str, str] | os._Environ) -> str | None:
     """Numba's thread count to match the OpenMP threads the engine is given (``OMP_NUM_THREADS``, else the length of
     ``VLLM_CPU_OMP_THREADS_BIND``'s core list), or None when neither is set. The n-gram proposer restores numba's
     count after each draft, and numba shares the process's OpenMP runtime: with numba at the machine's core count, an
-    in-process speculation engine raised every engine's torch threads from 1 to 2 (measured, docs/engine-notes.md)."""
+    in-process speculation engine raised every engine's torch threads from 1 to 2 (measured, docs/engine-notes.md).
+    The core list is read here, not with vLLM's own parser, because this runs before vLLM may be imported."""
     if env.get("OMP_NUM_THREADS", "").strip().isdigit():
         return env["OMP_NUM_THREADS"].strip()
     bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "").strip()

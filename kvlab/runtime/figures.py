@@ -91,3 +91,18 @@ def overreach(fig: Any, decades: float = 2.0) -> list[str]:
                 if isinstance(value, (int, float)):
                     check(ref, float(value), f"the {ref} axis range")
     return problems
+
+
+def output_problems(outputs: list[dict[str, Any]]) -> list[str]:
+    """``overreach`` over every plotly figure among a notebook cell's outputs (nbformat's dicts): the one check the
+    course build and nbval apply to a cell."""
+    import json
+
+    import plotly.io as pio
+
+    problems = []
+    for out in outputs:
+        spec = (out.get("data") or {}).get("application/vnd.plotly.v1+json")
+        if spec is not None:
+            problems += overreach(pio.from_json(json.dumps(spec)))
+    return problems
