@@ -248,7 +248,7 @@ who
 # caching off (tenants use the salt to keep their cached prefixes apart). The counters confirm it: nothing reused.
 
 # %%
-storm_turns = traffic.agent_turns_that_fit(tok, kvlab.pick(6, 4), 400, 1, server.max_model_len(), 16)  # fewer on a short context
+storm_turns = traffic.agent_turns_that_fit(tok, kvlab.pick(5, 4), 400, 1, server.max_model_len(), 16)  # fewer on a short context
 agent = traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7)
 storm = {"prefix caching on": traffic.agent_storm(server, agent, 16),
          "no reuse (salted)": traffic.agent_storm(server, agent, 16, reuse=False)}

@@ -211,7 +211,7 @@ assert growth > loadtest.OVERLOAD_GROWTH_RPS, flow
 import math
 
 chat_rate = round(0.4 * saturation, 2)
-window_s = kvlab.pick(10, 6)
+window_s = kvlab.pick(8, 6)
 mix = loadtest.Mix(batch_prompt_tokens=1200)
 loadtest.warm_up(llm, loadtest.Requests(tok, mix, seed=8))  # untimed: full-budget prefill steps before timing them
 one_job = loadtest.run_setting(llm, [loadtest.Requests(tok, mix, seed=9).make("batch", 0.0)])
