@@ -153,18 +153,23 @@ def grid_sizes(quick: bool) -> dict[str, Any]:
 def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: list[int], batches: list[tuple[int, int]],
                   budgets: dict[str, int], long_prompts: list[int], prefixes: list[int], rate_fractions: list[float],
                   poisson_requests: int, poisson_window_s: float, second_batches: list[int], output_tokens: int,
-                  second_alone: int | None = None, speculation_k: int = SPEC_K) -> list[GridPoint]:
+                  second_alone: int | None = None, speculation_k: int = SPEC_K,
+                  overload_window_s: float | None = None) -> list[GridPoint]:
     """The held-out points (``grid_sizes``), none a calibration composition. ``toks`` maps each engine key ("main",
     each budget's key, "second") to its tokenizer; Poisson rates are fractions of ``capacity_rps``, each with as many
     requests as arrive in ``poisson_window_s`` at that rate (at least 10, at most ``poisson_requests``): the same
-    traffic shape and wall time on a fast machine and a slow one. With a "spec" engine, one speculation point (four
+    traffic shape and wall time on a fast machine and a slow one. A rate above capacity sends what arrives in
+    ``overload_window_s`` (default: the same window): its queue needs time to build. With a "spec" engine, one speculation point (four
     edits submitted together, ``speculation_k`` draft tokens per step, twice the output tokens)."""
     tok, out = toks["main"], output_tokens
     grid = [unloaded(tok, p, out, seed=10 + i) for i, p in enumerate(prompt_lengths)]
     grid += [_batch(tok, f"batch {n} × {p}", "batch", "main", n, p, out, seed=30 + i) for i, (n, p) in enumerate(batches)]
     grid += [long_during_decodes(toks[e], e, b, n, seed=50 + i) for e, b in budgets.items() for i, n in enumerate(long_prompts)]
     grid += [shared_prefix(tok, p, 6 if len(prefixes) == 1 else 8, 0.2, seed=70 + i) for i, p in enumerate(prefixes)]
-    grid += [poisson(tok, f * capacity_rps, int(min(poisson_requests, max(10, f * capacity_rps * poisson_window_s))), f,
+    def window(f: float) -> float:
+        return overload_window_s if f > 1 and overload_window_s else poisson_window_s
+
+    grid += [poisson(tok, f * capacity_rps, int(min(poisson_requests, max(10, f * capacity_rps * window(f)))), f,
                      seed=90 + i) for i, f in enumerate(rate_fractions)]
     if "second" in toks:
         grid += [_batch(toks["second"], f"second model, batch {n}", "second model", "second", n, 320, out, seed=110 + n)
@@ -184,16 +189,19 @@ def predicted_seconds(point: GridPoint, setup: forecast.Setup, model: StepModel)
 
 def grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, Any], setups: dict[str, forecast.Setup],
                   models: dict[str, StepModel], target_s: float) -> tuple[list[GridPoint], pd.Series]:
-    """The held-out grid whose forecast measuring time fits ``target_s``: the Poisson window (the part of the grid
-    whose time is set in seconds) shortened as far as needed, never below 10 requests per rate; every other point as
-    ``sizes`` says. The grid, and each point's forecast seconds (the lesson prints both)."""
+    """The held-out grid whose forecast measuring time fits ``target_s``: the Poisson window of the rates below
+    capacity (the part of the grid whose time is set in seconds) shortened as far as needed, never below 10 requests
+    per rate; a rate above capacity keeps the whole window (a short burst meets any SLO: its queue must have time to
+    grow), every other point as ``sizes`` says. The grid, and each point's forecast seconds (the lesson prints both)."""
+    full = float(sizes["poisson_window_s"])
+
     def timed(window: float) -> tuple[list[GridPoint], pd.Series]:
-        grid = held_out_grid(toks, capacity_rps, **(sizes | {"poisson_window_s": window}))
+        grid = held_out_grid(toks, capacity_rps, **(sizes | {"poisson_window_s": window, "overload_window_s": full}))
         return grid, pd.Series({p.name: predicted_seconds(p, setups[p.engine], models[p.engine]) for p in grid})
 
-    window = float(sizes["poisson_window_s"])
+    window = full
     grid, seconds = timed(window)
-    poisson_s = sum(seconds[p.name] for p in grid if p.kind == "poisson")
+    poisson_s = sum(seconds[p.name] for p in grid if p.kind == "poisson" and p.rate_rps <= capacity_rps)
     if seconds.sum() > target_s and poisson_s > 0:
         window *= max(0.0, target_s - (seconds.sum() - poisson_s)) / poisson_s
         grid, seconds = timed(max(window, 1.0))

@@ -138,8 +138,9 @@ print(f"SLO: {objective.describe()}; forecast maximum sustainable rate: {capacit
 # in the grid's hash, not in `predictions.csv`.
 #
 # The forecast also says how long measuring will take, so the grid is sized from it before anything runs: on a slower
-# machine the Poisson rates (the points whose length is set in seconds) send the requests of a shorter window, never
-# fewer than 10 per rate; every other point is the same everywhere.
+# machine the Poisson rates below capacity (the points whose length is set in seconds) send the requests of a shorter
+# window, never fewer than 10 per rate; the rate above capacity keeps its whole window (a short burst meets any SLO:
+# the queue needs time to grow), and every other point is the same everywhere.
 
 # %%
 models = {key: model for key in [*budgets, "spec"]} | {"second": model.for_model(roofline.engine_cost(engines["second"]))}

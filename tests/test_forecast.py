@@ -162,6 +162,24 @@ def test_every_grid_point_is_held_out_of_the_calibration():
         assert rates[0] >= 0.25 and any(r > 1 for r in rates)  # below the forecast capacity, and one above it
 
 
+def test_a_grid_sized_to_its_time_shortens_only_the_rates_below_capacity(monkeypatch):
+    toks = dict.fromkeys(("main", "budget 256", "second"), ByteTokenizer())
+    monkeypatch.setattr(scorecard, "predicted_seconds", lambda p, setup, model: max(a.at_s for a in p.arrivals) + 1.0)
+    sizes, nothing = scorecard.grid_sizes(False), dict.fromkeys(toks)
+    full, seconds = scorecard.grid_for_time(toks, 2.0, sizes, nothing, nothing, target_s=1e9)
+    below = [p.name for p in full if p.kind == "poisson" and p.rate_rps <= 2.0]
+    target = seconds.sum() - seconds[below].sum() / 2  # half the time the rates below capacity took
+    short, short_seconds = scorecard.grid_for_time(toks, 2.0, sizes, nothing, nothing, target_s=target)
+
+    def counts(grid: list, over: bool) -> list[int]:
+        return [len(p.arrivals) for p in grid if p.kind == "poisson" and (p.rate_rps > 2.0) == over]
+
+    assert [p.name for p in short] == [p.name for p in full]  # the same points, fewer Poisson requests
+    assert sum(counts(short, False)) < sum(counts(full, False)) and min(counts(short, False)) >= 10
+    assert counts(short, True) == counts(full, True)  # above capacity: the whole window, for its queue to grow
+    assert short_seconds.sum() < seconds.sum()
+
+
 @pytest.mark.engine
 def test_the_forecast_takes_the_engines_steps_exactly(engine):
     """A closed batch and a shared-prefix batch (all arrivals at once, so the schedule does not depend on time):
