@@ -26,8 +26,8 @@ def sweep(llm: Any, prompt_lengths: list[int], output_lengths: list[int], repeat
     a point is repeated only while its median TTFT or TPOT is known to worse than ``timing.PRECISION``
     (``timing.relative_ci``), so quiet points cost few requests and noisy ones get more.
 
-    Warm-up first (untimed, every prompt length, at most 8 output tokens); every timed request gets a prompt cut from a different place
-    in the text and the prefix cache is emptied before it, so nothing is reused. Repeats are the outer loop, so
+    Warm-up first (untimed, every prompt length, at most 8 output tokens); every timed request gets a prompt cut from
+    a different place in the text and the prefix cache is emptied before it, so nothing is reused. Repeats are the outer loop, so
     slow moments of a shared machine spread over all points. A request far slower than its point (a stall,
     ``kvlab.outliers``) is flagged and its point measured again; the sentence saying how many is printed.
     ``settings`` become columns of every row. ``reuse``: rows of an earlier sweep on the same engine and settings;

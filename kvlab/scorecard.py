@@ -159,16 +159,17 @@ def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: lis
     each budget's key, "second") to its tokenizer; Poisson rates are fractions of ``capacity_rps``, each with as many
     requests as arrive in ``poisson_window_s`` at that rate (at least 10, at most ``poisson_requests``): the same
     traffic shape and wall time on a fast machine and a slow one. A rate above capacity sends what arrives in
-    ``overload_window_s`` (default: the same window): its queue needs time to build. With a "spec" engine, one speculation point (four
-    edits submitted together, ``speculation_k`` draft tokens per step, twice the output tokens)."""
+    ``overload_window_s`` (default: the same window): its queue needs time to build. With a "spec" engine, one
+    speculation point (four edits submitted together, ``speculation_k`` draft tokens per step, twice the output
+    tokens)."""
+    def window(f: float) -> float:
+        return overload_window_s if f > 1 and overload_window_s else poisson_window_s
+
     tok, out = toks["main"], output_tokens
     grid = [unloaded(tok, p, out, seed=10 + i) for i, p in enumerate(prompt_lengths)]
     grid += [_batch(tok, f"batch {n} × {p}", "batch", "main", n, p, out, seed=30 + i) for i, (n, p) in enumerate(batches)]
     grid += [long_during_decodes(toks[e], e, b, n, seed=50 + i) for e, b in budgets.items() for i, n in enumerate(long_prompts)]
     grid += [shared_prefix(tok, p, 6 if len(prefixes) == 1 else 8, 0.2, seed=70 + i) for i, p in enumerate(prefixes)]
-    def window(f: float) -> float:
-        return overload_window_s if f > 1 and overload_window_s else poisson_window_s
-
     grid += [poisson(tok, f * capacity_rps, int(min(poisson_requests, max(10, f * capacity_rps * window(f)))), f,
                      seed=90 + i) for i, f in enumerate(rate_fractions)]
     if "second" in toks:
@@ -195,16 +196,19 @@ def grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, An
     grow), every other point as ``sizes`` says. The grid, and each point's forecast seconds (the lesson prints both)."""
     full = float(sizes["poisson_window_s"])
 
-    def timed(window: float) -> tuple[list[GridPoint], pd.Series]:
-        grid = held_out_grid(toks, capacity_rps, **(sizes | {"poisson_window_s": window, "overload_window_s": full}))
-        return grid, pd.Series({p.name: predicted_seconds(p, setups[p.engine], models[p.engine]) for p in grid})
+    def shortened(p: GridPoint) -> bool:
+        return p.kind == "poisson" and p.rate_rps <= capacity_rps
 
-    window = full
-    grid, seconds = timed(window)
-    poisson_s = sum(seconds[p.name] for p in grid if p.kind == "poisson" and p.rate_rps <= capacity_rps)
+    def build(window: float) -> list[GridPoint]:
+        return held_out_grid(toks, capacity_rps, **(sizes | {"poisson_window_s": window, "overload_window_s": full}))
+
+    grid = build(full)
+    seconds = pd.Series({p.name: predicted_seconds(p, setups[p.engine], models[p.engine]) for p in grid})
+    poisson_s = sum(seconds[p.name] for p in grid if shortened(p))
     if seconds.sum() > target_s and poisson_s > 0:
-        window *= max(0.0, target_s - (seconds.sum() - poisson_s)) / poisson_s
-        grid, seconds = timed(max(window, 1.0))
+        grid = build(max(1.0, full * max(0.0, target_s - (seconds.sum() - poisson_s)) / poisson_s))
+        for p in filter(shortened, grid):  # only these changed: the other points' forecasts stand
+            seconds[p.name] = predicted_seconds(p, setups[p.engine], models[p.engine])
     return grid, seconds
 
 
