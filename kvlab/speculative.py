@@ -256,6 +256,18 @@ def speedups(runs: pd.DataFrame, by: tuple[str, ...] = ("task",)) -> pd.DataFram
     return table
 
 
+def request_speedups(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per request and k > 0: its TPOT speed-up over the same request at k = 0 and the tokens its own decode steps
+    yielded (each stream chunk after the first is one step of a request running alone) — a speed-up and its tokens
+    per step from the same stream, where the task table's medians and pooled counts may pair different requests."""
+    keys = ["task", "request", "repeat"]
+    steps = runs.chunk_tokens.map(lambda c: len(c) - 1)
+    rows = runs.assign(tokens_per_step=runs.chunk_tokens.map(lambda c: sum(c[1:])) / steps.where(steps > 0))
+    off = rows[rows.k == 0].set_index(keys).client_tpot_s.rename("tpot_off_s")
+    on = rows[rows.k > 0].join(off, on=keys)
+    return on.assign(speedup=on.tpot_off_s / on.client_tpot_s)[[*keys, "k", "tokens_per_step", "speedup"]].reset_index(drop=True)
+
+
 def tidy(runs: pd.DataFrame) -> pd.DataFrame:
     """Per-request rows without the per-chunk lists: chunks, mean tokens per chunk, ITL mean and p95 (per chunk, as
     vLLM bench records them) — what a results table keeps."""

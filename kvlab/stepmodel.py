@@ -322,6 +322,14 @@ def composition(out: Any, seconds: float) -> Step:
     return Step(seconds, tuple((int(n), int(before.get(rid, 0))) for rid, n in out.num_scheduled_tokens.items()), spec)
 
 
+def plain_decode_ms(steps: list[Step]) -> float:
+    """Median duration (ms) of the steps in which one sequence decoded one token with no draft: an engine's plain
+    step, to compare two engines' speed apart from what speculation adds (nan when there is none)."""
+    plain = [s.seconds for s in steps
+             if len(s.sequences) == 1 and s.sequences[0][0] == 1 and s.sequences[0][1] > 0 and s.spec_tokens == 0]
+    return statistics.median(plain) * 1e3 if plain else math.nan
+
+
 def run_recorded(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[Step]:
     """Submit ``prompts`` together (exactly ``max_tokens`` out each, prefix cache emptied first) and return every
     step the engine took for them."""

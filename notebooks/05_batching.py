@@ -66,7 +66,7 @@ steps_model.describe().round(4)
 
 # %% [markdown]
 # The model also says how long the sweep will take on this machine, so the lesson sizes it before running it: the
-# longest decode (64 tokens, 32 at least) whose two repeats of every batch size fit about a minute here.
+# longest decode (64 tokens, 32 at least) whose two repeats of every batch size fit about 45 seconds here.
 
 # %%
 def sweep_seconds(output_tokens: int) -> float:
@@ -75,7 +75,7 @@ def sweep_seconds(output_tokens: int) -> float:
     return 2 * sum(each) + each[0]
 
 
-output_tokens = kvlab.fit_to_time(kvlab.pick([64, 48, 32], [32, 24]), sweep_seconds, kvlab.pick(60.0, 20.0))
+output_tokens = kvlab.fit_to_time(kvlab.pick([64, 48, 32], [32, 24]), sweep_seconds, kvlab.pick(45.0, 20.0))
 print(f"{output_tokens} output tokens per request: the sweep should take about {sweep_seconds(output_tokens):.0f} s here")
 
 # %%

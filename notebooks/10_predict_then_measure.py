@@ -144,7 +144,7 @@ print(f"SLO: {objective.describe()}; forecast maximum sustainable rate: {capacit
 
 # %%
 models = {key: model for key in [*budgets, "spec"]} | {"second": model.for_model(roofline.engine_cost(engines["second"]))}
-measure_target_s = kvlab.pick(150.0, 60.0)  # the grid is sized so its forecast measuring time fits this
+measure_target_s = kvlab.pick(120.0, 60.0)  # the grid is sized so its forecast measuring time fits this
 grid, point_s = scorecard.grid_for_time(toks, capacity, sizes, setups, models, measure_target_s)
 rates = [p for p in grid if p.kind == "poisson"]
 print(f"forecast time to measure the grid: {point_s.sum():.0f} s (target {measure_target_s:.0f} s); Poisson rates "

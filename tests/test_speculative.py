@@ -138,3 +138,14 @@ def test_lab_l09_writes_every_table_the_exercises_read(tmp_path, second_model):
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["parameters"]["ks"] == [4] and meta["parameters"]["model"] == SECOND_MODEL
     assert len(exercises.solve("L09", out)) == 4
+
+
+def test_each_request_is_set_against_itself_without_speculation():
+    runs = pd.DataFrame([
+        {"task": "edit", "request": 0, "repeat": 0, "k": 0, "client_tpot_s": 0.030, "chunk_tokens": [1, 1, 1, 1, 1]},
+        {"task": "edit", "request": 1, "repeat": 0, "k": 0, "client_tpot_s": 0.020, "chunk_tokens": [1, 1, 1]},
+        {"task": "edit", "request": 0, "repeat": 0, "k": 4, "client_tpot_s": 0.010, "chunk_tokens": [1, 3, 1]},
+        {"task": "edit", "request": 1, "repeat": 0, "k": 4, "client_tpot_s": 0.020, "chunk_tokens": [1, 1, 1]}])
+    table = speculative.request_speedups(runs)
+    assert table.speedup.tolist() == pytest.approx([3.0, 1.0]) and table.tokens_per_step.tolist() == [2.0, 1.0]
+    assert set(table.k) == {4}

@@ -3,6 +3,8 @@ forms, and — on the real engine — a step composition outside the calibration
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,12 @@ def test_run_to_run_noise_is_each_repeat_against_its_points_mean():
     measured = [(a, step[0]), (a, step[0]), (b, step[2]), (a, step[1]), (a, step[1]), (b, step[2])]  # 2 repeats
     noise = stepmodel.run_to_run(measured)
     assert noise == pytest.approx([-1 / 21, 1 / 21, 0.0, 0.0])  # a: 20 ms then 22 ms around 21; b: 12 and 12
+
+
+def test_a_plain_decode_step_is_one_sequence_one_token_no_draft():
+    steps = [stepmodel.Step(0.020, ((1, 300),)), stepmodel.Step(0.022, ((1, 301),)), stepmodel.Step(0.030, ((1, 302),)),
+             stepmodel.Step(0.050, ((3, 303),), spec_tokens=2),  # a verify step
+             stepmodel.Step(0.040, ((1, 300), (1, 200))),  # two sequences
+             stepmodel.Step(0.090, ((64, 0),))]  # a prefill
+    assert stepmodel.plain_decode_ms(steps) == pytest.approx(22.0)
+    assert math.isnan(stepmodel.plain_decode_ms(steps[3:]))
