@@ -189,11 +189,22 @@ def predicted_seconds(point: GridPoint, setup: forecast.Setup, model: StepModel)
 
 
 def grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, Any], setups: dict[str, forecast.Setup],
-                  models: dict[str, StepModel], target_s: float) -> tuple[list[GridPoint], pd.Series]:
+                  models: dict[str, StepModel], target_s: float, min_output_tokens: int = 16) -> tuple[list[GridPoint], pd.Series]:
     """The held-out grid whose forecast measuring time fits ``target_s``: the Poisson window of the rates below
     capacity (the part of the grid whose time is set in seconds) shortened as far as needed, never below 10 requests
     per rate; a rate above capacity keeps the whole window (a short burst meets any SLO: its queue must have time to
-    grow), every other point as ``sizes`` says. The grid, and each point's forecast seconds (the lesson prints both)."""
+    grow). Where that is not enough (a slow machine), every request writes ``min_output_tokens`` instead; the points
+    stay the same. The grid, and each point's forecast seconds (the lesson prints both)."""
+    grid, seconds = _grid_for_time(toks, capacity_rps, sizes, setups, models, target_s)
+    if seconds.sum() > target_s and sizes["output_tokens"] > min_output_tokens:
+        grid, seconds = _grid_for_time(toks, capacity_rps, sizes | {"output_tokens": min_output_tokens}, setups, models,
+                                       target_s)
+    return grid, seconds
+
+
+def _grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, Any], setups: dict[str, forecast.Setup],
+                   models: dict[str, StepModel], target_s: float) -> tuple[list[GridPoint], pd.Series]:
+    """``grid_for_time`` at ``sizes``' output tokens: only the Poisson windows below capacity shortened."""
     full = float(sizes["poisson_window_s"])
 
     def shortened(p: GridPoint) -> bool:

@@ -140,7 +140,8 @@ print(f"SLO: {objective.describe()}; forecast maximum sustainable rate: {capacit
 # The forecast also says how long measuring will take, so the grid is sized from it before anything runs: on a slower
 # machine the Poisson rates below capacity (the points whose length is set in seconds) send the requests of a shorter
 # window, never fewer than 10 per rate; the rate above capacity keeps its whole window (a short burst meets any SLO:
-# the queue needs time to grow), and every other point is the same everywhere.
+# the queue needs time to grow), and every other point is the same everywhere — except that on a machine too slow
+# even then, every request writes 16 tokens instead of 24.
 
 # %%
 models = {key: model for key in [*budgets, "spec"]} | {"second": model.for_model(roofline.engine_cost(engines["second"]))}
@@ -148,7 +149,8 @@ measure_target_s = kvlab.pick(120.0, 60.0)  # the grid is sized so its forecast 
 grid, point_s = scorecard.grid_for_time(toks, capacity, sizes, setups, models, measure_target_s)
 rates = [p for p in grid if p.kind == "poisson"]
 print(f"forecast time to measure the grid: {point_s.sum():.0f} s (target {measure_target_s:.0f} s); Poisson rates "
-      f"send {', '.join(str(len(p.arrivals)) for p in rates)} requests (the counts behind their p50 and p90)")
+      f"send {', '.join(str(len(p.arrivals)) for p in rates)} requests (the counts behind their p50 and p90); "
+      f"{grid[0].arrivals[0].max_tokens} output tokens per request")
 predictions, central = scorecard.predict_grid(grid, setups, models)
 out_dir = config.build_dir() / "forecast" / "lesson10"
 stamp = scorecard.write_predictions(predictions, grid, out_dir)

@@ -180,6 +180,17 @@ def test_a_grid_sized_to_its_time_shortens_only_the_rates_below_capacity(monkeyp
     assert short_seconds.sum() < seconds.sum()
 
 
+def test_a_grid_still_too_long_writes_fewer_tokens_per_request(monkeypatch):
+    toks = dict.fromkeys(("main", "budget 256", "second"), ByteTokenizer())
+    monkeypatch.setattr(scorecard, "predicted_seconds", lambda p, setup, model: sum(a.max_tokens for a in p.arrivals) / 10)
+    sizes, nothing = scorecard.grid_sizes(False), dict.fromkeys(toks)
+    full, seconds = scorecard.grid_for_time(toks, 2.0, sizes, nothing, nothing, target_s=1e9)
+    short, short_seconds = scorecard.grid_for_time(toks, 2.0, sizes, nothing, nothing, target_s=seconds.sum() / 2)
+    assert {a.max_tokens for p in full if p.kind == "batch" for a in p.arrivals} == {sizes["output_tokens"]}
+    assert {a.max_tokens for p in short if p.kind == "batch" for a in p.arrivals} == {16}
+    assert [p.name for p in short] == [p.name for p in full] and short_seconds.sum() < seconds.sum()
+
+
 @pytest.mark.engine
 def test_the_forecast_takes_the_engines_steps_exactly(engine):
     """A closed batch and a shared-prefix batch (all arrivals at once, so the schedule does not depend on time):
