@@ -218,58 +218,40 @@ class StepModel:
         return StepModel(self.form, dict(self.constants), self.errors, limits, self.cost, [], 0, {}, self.meta)
 
 
-def _ols(x: np.ndarray, offset: np.ndarray, y: np.ndarray, nonneg: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Least squares of relative errors (each row divided by its measurement) of ``y − offset`` on ``x``: coefficients,
-    their standard errors, and the relative residuals. With ``nonneg``, a term whose best fit is negative is held at 0
-    (its standard error 0) and the rest refitted, until none is."""
+def _ols(x: np.ndarray, offset: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least squares of relative errors (each row divided by its measurement) of ``y − offset`` on ``x``:
+    coefficients, their standard errors, and the relative residuals."""
     w = 1.0 / y
     xw, yw = x * w[:, None], (y - offset) * w
-    free = np.ones(x.shape[1], dtype=bool)
-    while True:
-        coef = np.zeros(x.shape[1])
-        coef[free] = np.linalg.lstsq(xw[:, free], yw, rcond=None)[0]
-        if not nonneg or (coef >= 0).all() or free.sum() == 1:
-            break
-        free[np.argmin(np.where(free, coef, np.inf))] = False  # the most negative term is held at 0
-    coef = np.clip(coef, 0.0, None) if nonneg else coef
+    coef, *_ = np.linalg.lstsq(xw, yw, rcond=None)
     resid = xw @ coef - yw
-    dof = max(len(y) - int(free.sum()), 1)
+    dof = max(len(y) - x.shape[1], 1)
     sigma2 = float(resid @ resid) / dof
-    se = np.zeros(x.shape[1])
-    se[free] = np.sqrt(np.clip(np.diag(sigma2 * np.linalg.pinv(xw[:, free].T @ xw[:, free])), 0.0, None))
-    return coef, se, resid
-
-
-def _fit_form(table: pd.DataFrame, name: str, y: np.ndarray, nonneg: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """One form's fit (the max form piecewise: each step on the branch that bounds it, refitted until that holds)."""
-    if name == "sum":
-        coef, se, resid = _ols(*_design(table, name), y, nonneg)
-    else:
-        on_compute = compute_bound(table)
-        for _ in range(20):
-            coef, se, resid = _ols(*_design(table, name, on_compute), y, nonneg)
-            again = compute_bound(table, dict(zip(FORMS[name], coef, strict=True)))
-            if (again == on_compute).all():
-                break
-            on_compute = again
-    return coef, se, resid, float(np.median(np.abs(resid)))
+    cov = sigma2 * np.linalg.pinv(xw.T @ xw)
+    return coef, np.sqrt(np.clip(np.diag(cov), 0.0, None)), resid
 
 
 def fit(steps: list[Step], cost: ModelCost, limits: MachineLimits, form: str | None = None,
         meta: dict[str, Any] | None = None) -> StepModel:
-    """Fit both forms to ``steps`` and keep the one with the smaller median |relative residual| among those whose
-    constants are all ≥ 0 (or ``form``). A negative cost fits the calibration and extrapolates badly (measured: a
-    float32 sum-form fit on ≤ 8 sequences put −1.7 ms per sequence and a 64-sequence step at 38 ms that took 178; a
-    bf16 one −0.5 ms): where no form has all constants ≥ 0, both are refitted with their negative terms held at 0."""
+    """Fit both forms to ``steps`` and keep the one with the smaller median |relative residual| (or ``form``)."""
     if len(steps) < 8:
         raise KVLabError(f"{len(steps)} step compositions cannot fit a step model of up to 4 constants; calibrate with more.")
     table = features(cost, limits, steps)
     y = table.measured_ms.to_numpy()
-    fits = {name: _fit_form(table, name, y, nonneg=False) for name in FORMS}
-    physical = [f for f in FORMS if (fits[f][0] >= 0).all()]  # every constant a cost: none negative
-    if not set([form] if form else FORMS) & set(physical):  # a negative cost extrapolates badly: hold it at 0
-        fits = {name: _fit_form(table, name, y, nonneg=True) for name in FORMS}
-    chosen = form or min(physical or FORMS, key=lambda f: fits[f][3])
+    fits = {}
+    for name in FORMS:
+        if name == "sum":
+            coef, se, resid = _ols(*_design(table, name), y)
+        else:  # piecewise: assign each step to the branch that bounds it, refit, until the assignment holds
+            on_compute = compute_bound(table)
+            for _ in range(20):
+                coef, se, resid = _ols(*_design(table, name, on_compute), y)
+                again = compute_bound(table, dict(zip(FORMS[name], coef, strict=True)))
+                if (again == on_compute).all():
+                    break
+                on_compute = again
+        fits[name] = (coef, se, resid, float(np.median(np.abs(resid))))
+    chosen = form or min(fits, key=lambda f: fits[f][3])
     other = next(f for f in FORMS if f != chosen)
     coef, se, resid, _ = fits[chosen]
     on_compute = compute_bound(table, dict(zip(FORMS[chosen], coef, strict=True))) if chosen == "max" else None
@@ -369,12 +351,11 @@ class Point:
 
 def calibration_points(quick: bool) -> list[Point]:
     """The sweep the model is fitted on: prefills of several lengths alone; batches of up to 8 sequences decoding at
-    short contexts, and of up to 4 at ~512 tokens (quick: 1 at ~512 and 4 at ~1,024 — with 4 at 512 alone, the KV
-    term was a tenth of a step and its scale came out 1.3 in one fit and 2.6 in the next, measured) — enough KV read
-    for its term to be measured, not guessed. Held-out checks use more sequences than any of these."""
+    short contexts, and of up to 4 at ~512 tokens — enough KV read for its term to be measured, not guessed. Held-out
+    checks use more sequences at longer contexts than any of these."""
     prefills = [Point(1, p, 2) for p in ((64, 256, 512) if quick else (64, 128, 256, 512, 1024))]
     short = [(1, 64), (2, 64), (4, 64), (8, 64)] if quick else [(b, p) for b in (1, 2, 4, 8) for p in (64, 256)]
-    long = [(1, 512), (4, 1024)] if quick else [(1, 512), (2, 512), (4, 512)]
+    long = [(1, 512), (4, 512)] if quick else [(1, 512), (2, 512), (4, 512)]
     return prefills + [Point(b, p, 16 if quick else 32) for b, p in short + long]
 
 

@@ -52,10 +52,9 @@ prompt_tokens = 128
 # `kvlab.stepmodel` times every step of the engine core (its own step loop's clock) and fits its duration from the
 # step's composition: a **fixed** cost per step, a cost **per sequence**, and the hardware term of lesson 02 — the
 # step's FLOPs ÷ this machine's measured peak and its bytes (the weights once, every sequence's KV) ÷ the measured
-# bandwidth, added with fitted scales or through their maximum, whichever fits this machine's steps better with no
-# negative cost. It is fitted only on prefills, on batches of **at most 8** sequences at 64-token prompts, one at 512
-# and **4** at 1,024; the largest batch of the sweep and the 8-sequence long-context batch are predicted from it,
-# before either runs.
+# bandwidth, added with fitted scales or through their maximum, whichever fits this machine's steps better. It is
+# fitted only on prefills, on batches of **at most 8** sequences at 64-token prompts and of **at most 4** at 512; the
+# largest batch of the sweep and the long-context batch are predicted from it, before either runs.
 
 # %%
 from kvlab import stepmodel
@@ -192,7 +191,7 @@ print("; ".join(f"{r.case}: predicted {r.predicted_ms:.1f} ms, measured {r.measu
 scored.round(3)
 
 # %%
-assert (scored.error.abs() < 0.3).all(), scored  # fitted on ≤ 8 sequences at short contexts, ≤ 4 at 1,024 tokens; checked outside them
+assert (scored.error.abs() < 0.3).all(), scored  # fitted on ≤ 8 sequences at short contexts, ≤ 4 at 512 tokens; checked outside them
 
 # %% [markdown]
 # ### The same model on a GPU
