@@ -177,12 +177,17 @@ def extend_to_overload(llm: Any, maker: Requests, sweep: pd.DataFrame, seconds: 
     """Add a rate at ``factor`` × the top one while the top rate did not overload the engine — its backlog did not
     grow, or it still met ``objective`` — at most ``tries`` times. A closed loop's saturation understates an open
     loop's capacity (the open loop batches more requests than there were users) by an amount that depends on the
-    machine and model, and a short run whose requests all fit in one batch can queue without breaking an SLO."""
+    machine and model, and a short run whose requests all fit in one batch can queue without breaking an SLO. With
+    ``objective``, a top rate whose goodput is still the highest of two or more is doubled too: the knee must lie inside."""
     for _ in range(tries):
         top = float(sweep.rate_rps.max())
         run = sweep[sweep.rate_rps == top]
-        met = objective is not None and slo.rate_point(slo.steady_state(run), objective)["meets_slo"]
-        if backlog_growth(run) > OVERLOAD_GROWTH_RPS and not met:
+        past_knee, met = True, False
+        if objective is not None:
+            points = {rate: slo.rate_point(slo.steady_state(part), objective) for rate, part in sweep.groupby("rate_rps")}
+            met = points[top]["meets_slo"]
+            past_knee = len(points) < 2 or points[top]["goodput_rps"] < max(p["goodput_rps"] for p in points.values())
+        if backlog_growth(run) > OVERLOAD_GROWTH_RPS and not met and past_knee:
             break
         more = run_open_loop(llm, maker, [round(top * factor, 2)], seconds, min_requests, seed, progress=False, **run_args)
         sweep = pd.concat([sweep, more], ignore_index=True)

@@ -104,8 +104,8 @@ print(f"saturation throughput with {user_counts[-1]} users: {saturation:.2f} req
 # doing (`vllm bench serve --request-rate`, GuideLLM's `poisson` profile). Each rate runs for a few seconds; the first
 # 20 % of its requests met an empty engine and are dropped before the percentiles (the count behind each percentile is
 # the `requests` column). Rates are fractions of the saturation throughput just measured; the top one must overload
-# the engine, and if the engine keeps up with it (its queue does not grow, or it still meets the SLO), the sweep adds a
-# rate at double it (at most twice).
+# the engine, and if the engine keeps up with it (its queue does not grow, it still meets the SLO, or its goodput is
+# still the sweep's highest), the sweep adds a rate at double it (at most twice).
 
 # %%
 # the top rate must overload the engine: an open loop batches more requests than the closed loop's users, so its
@@ -115,7 +115,7 @@ fractions = kvlab.pick([0.25, 0.5, 1.0, 1.25, 1.5], [0.5, 1.0, 2.0])
 rates = [round(f * saturation, 2) for f in fractions]
 seconds, min_requests = kvlab.pick(6, 5), kvlab.pick(12, 8)
 sweep = loadtest.run_open_loop(llm, maker, rates, seconds=seconds, min_requests=min_requests)
-# if the engine kept up with the top rate, double it (at most twice): the queue must grow and the SLO break
+# if the engine kept up with the top rate, double it (at most twice): the queue must grow, the SLO break, goodput fall
 sweep = loadtest.extend_to_overload(llm, maker, sweep, seconds=seconds, min_requests=min_requests, objective=objective)
 if len(added := sorted(set(sweep.rate_rps) - set(rates))):
     print(f"the engine kept up with {rates[-1]:.2f} req/s: added {', '.join(f'{r:.2f}' for r in added)} req/s to overload it")
