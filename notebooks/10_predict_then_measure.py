@@ -61,8 +61,8 @@ print({key: llm.kvlab_settings["model"].split("/")[-1] for key, llm in engines.i
 # %% [markdown]
 # ## 2. Calibrate the step model on this machine
 #
-# The short sweep of lesson 05 (prefills of 64–512 tokens alone; batches of 1–8 sequences at 64-token prompts and of
-# 1–4 at 512), under a minute. A fit whose median residual is above 15 % stops here with one sentence.
+# The short sweep of lesson 05 (prefills of 64–512 tokens alone; batches of 1–8 sequences at 64-token prompts, of 8
+# at 256 and of 1–4 at 512 and 1,024), under a minute. A fit whose median residual is above 15 % stops here with one sentence.
 
 # %%
 model = stepmodel.calibrate(main, quick=True)
