@@ -22,7 +22,7 @@ test: setup browser redis
 	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax -m "not models" --durations=20
 
 test-models: export KVLAB_EXTRAS = dev,ray
-test-models: setup redis  ## every lesson on the hybrid model, the step-time lessons on the second model (CI runs it too)
+test-models: setup redis  ## every lesson on the hybrid, the second and the base model (CI runs it too)
 	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests/test_second_model.py -m models --durations=20
 
 unit: export KVLAB_EXTRAS = dev
