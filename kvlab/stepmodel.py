@@ -231,7 +231,8 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                 continue
             coef = np.zeros(n)
             coef[list(cols)] = sub
-            ss = float((a @ coef - b) @ (a @ coef - b))
+            resid = a @ coef - b
+            ss = float(resid @ resid)
             if ss < best_ss:
                 best, best_ss = coef, ss
     return best
@@ -373,9 +374,10 @@ class Point:
 def calibration_points(quick: bool) -> list[Point]:
     """The sweep the model is fitted on: prefills of several lengths alone; batches of up to 8 sequences decoding at
     64- and 256-token prompts, and of up to 4 at 512 (quick: and 1,024) tokens — enough KV read for its term to be
-    measured, not guessed. Quick fits without 8 × 256 and 4 × 1,024 put the KV scale anywhere from 0 to 3.3 and an
-    8 × 1,024 decode step −19 % to +11 % off (bf16, four calibrations); with them 0.8–2.3 and −10 % to +2 % (float32:
-    −20 % to +8 %). Held-out checks use more sequences, and more KV in one step, than any of these."""
+    measured, not guessed. Quick fits without 8 × 256 and 4 × 1,024 put the KV scale anywhere from 0.0 to 2.6 and an
+    8 × 1,024 decode step −19 % to +2 % off (bf16, four calibrations); with them 0.7–2.3 and −10 % to +3 % (float32,
+    three: −34 % to +5 % before, −20 % to +7 % after; docs/engine-notes.md). Held-out checks use more sequences, and
+    more KV in one step, than any of these."""
     prefills = [Point(1, p, 2) for p in ((64, 256, 512) if quick else (64, 128, 256, 512, 1024))]
     short = [(1, 64), (2, 64), (4, 64), (8, 64), (8, 256)] if quick else [(b, p) for b in (1, 2, 4, 8) for p in (64, 256)]
     long = [(1, 512), (4, 512), (4, 1024)] if quick else [(1, 512), (2, 512), (4, 512)]
