@@ -27,7 +27,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -238,18 +238,28 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def _ols(x: np.ndarray, offset: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Least squares of relative errors (each row divided by its measurement) of ``y − offset`` on ``x``, every
+def _ols(x: np.ndarray, offset: np.ndarray, y: np.ndarray, k: float = 1.345) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Robust least squares of relative errors (each row divided by its measurement) of ``y − offset`` on ``x``, every
     constant ≥ 0 (no cost is negative: unconstrained, a float32 calibration fitted −1.4 ms per sequence, offset by a
     larger fixed cost, and put a 64-sequence step at a third of its 150 ms): coefficients, their standard errors, and
-    the relative residuals."""
+    the relative residuals. Huber weights (steps more than ``k`` robust SDs off count less) keep a burst of a shared
+    machine from moving the constants: plain least squares let one slow stretch of short-context steps put the KV scale
+    at 0.5–0.7 where the decode steps alone show 2.0–2.5, and an 8 × 1,024 step 10–17 % under (docs/engine-notes.md)."""
     w = 1.0 / y
     xw, yw = x * w[:, None], (y - offset) * w
-    coef = _nonnegative_lstsq(xw, yw)
-    resid = xw @ coef - yw
+    weights = np.ones(len(y))
+    for _ in range(30):
+        root = np.sqrt(weights)
+        coef = _nonnegative_lstsq(xw * root[:, None], yw * root)
+        resid = xw @ coef - yw
+        scale = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), 1e-6)
+        again = np.minimum(1.0, k * scale / np.maximum(np.abs(resid), 1e-12))
+        if np.allclose(again, weights, atol=1e-6):
+            break
+        weights = again
     dof = max(len(y) - x.shape[1], 1)
-    sigma2 = float(resid @ resid) / dof
-    cov = sigma2 * np.linalg.pinv(xw.T @ xw)
+    sigma2 = float(weights * resid @ resid) / dof
+    cov = sigma2 * np.linalg.pinv((xw * weights[:, None]).T @ xw)
     return coef, np.sqrt(np.clip(np.diag(cov), 0.0, None)), resid
 
 
@@ -373,14 +383,15 @@ class Point:
 
 def calibration_points(quick: bool) -> list[Point]:
     """The sweep the model is fitted on: prefills of several lengths alone; batches of up to 8 sequences decoding at
-    64- and 256-token prompts, and of up to 4 at 512 (quick: and 1,024) tokens — enough KV read for its term to be
-    measured, not guessed. Quick fits without 8 × 256 and 4 × 1,024 put the KV scale anywhere from 0.0 to 2.6 and an
-    8 × 1,024 decode step −19 % to +2 % off (bf16, four calibrations); with them 0.7–2.3 and −10 % to +3 % (float32,
-    three: −34 % to +5 % before, −20 % to +7 % after; docs/engine-notes.md). Held-out checks use more sequences, and
-    more KV in one step, than any of these."""
+    64- and 256-token prompts, and of up to 4 at 512 (quick: 4 at 1,024 and 2 at 2,048) tokens — enough KV read for its
+    term to be measured, not guessed, and told apart from the sequences' count by two points of equal KV. Quick fits
+    without 8 × 256 and 4 × 1,024 put the KV scale anywhere from 0.0 to 2.6 and an 8 × 1,024 decode step −19 % to +2 %
+    off (bf16, four calibrations); with them 0.7–2.3 and −10 % to +3 % (a CI machine: 0.5 and −17 %); with 2 × 2,048
+    and the robust fit too, 2.1–2.5 and −3 % to +6 % (float32, three: −6 % to +13 %; docs/engine-notes.md). Held-out
+    checks use more sequences, and more KV in one step, than any of these."""
     prefills = [Point(1, p, 2) for p in ((64, 256, 512) if quick else (64, 128, 256, 512, 1024))]
     short = [(1, 64), (2, 64), (4, 64), (8, 64), (8, 256)] if quick else [(b, p) for b in (1, 2, 4, 8) for p in (64, 256)]
-    long = [(1, 512), (4, 512), (4, 1024)] if quick else [(1, 512), (2, 512), (4, 512)]
+    long = [(1, 512), (4, 512), (4, 1024), (2, 2048)] if quick else [(1, 512), (2, 512), (4, 512)]
     return prefills + [Point(b, p, 16 if quick else 32) for b, p in short + long]
 
 
@@ -413,10 +424,13 @@ def typical(steps: list[Step]) -> list[Step]:
 
 def calibrate(llm: Any, quick: bool = False, limits: MachineLimits | None = None, repeats: int | None = None) -> StepModel:
     """Fit the step model on this engine: measure the machine's limits (fresh process), run the calibration sweep,
-    fit both forms and keep the better; one sentence if the fit describes the steps badly, naming the worst."""
+    fit both forms and keep the better; one sentence if the fit describes the steps badly, naming the worst. A point
+    longer than the engine's context is shortened to fit it (its prompt, by the output it writes)."""
     cost = roofline.engine_cost(llm)
     limits = limits or roofline.measure_limits(quick=quick)
-    points = calibration_points(quick)
+    longest = llm.llm_engine.vllm_config.model_config.max_model_len
+    points = list(dict.fromkeys(p if p.prompt_tokens + p.output_tokens <= longest
+                                else replace(p, prompt_tokens=longest - p.output_tokens) for p in calibration_points(quick)))
     measured = measure(llm, points, repeats or (2 if quick else 3))
     steps = typical([s for _, s in measured])
     settings = getattr(llm, "kvlab_settings", {})

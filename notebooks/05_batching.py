@@ -53,9 +53,10 @@ prompt_tokens = 128
 # step's composition: a **fixed** cost per step, a cost **per sequence**, and the hardware term of lesson 02 — the
 # step's FLOPs ÷ this machine's measured peak and its bytes (the weights once, every sequence's KV) ÷ the measured
 # bandwidth, added with fitted scales or through their maximum, whichever fits this machine's steps better; every
-# constant is fitted ≥ 0 (no cost is negative). It is fitted only on prefills, on batches of **at most 8** sequences
-# at 64- and 256-token prompts and of **at most 4** at 512 and 1,024; the largest batch of the sweep and 8 sequences
-# at 1,024 tokens (twice the KV cache any calibration step read) are predicted from it, before either runs.
+# constant is fitted ≥ 0 (no cost is negative), and robustly: a step far off the rest (a neighbour's burst on a
+# shared machine) counts less. It is fitted only on prefills, on batches of **at most 8** sequences at 64- and
+# 256-token prompts, of **at most 4** at 512 and 1,024 and of 2 at 2,048; the largest batch of the sweep and
+# 8 sequences at 1,024 tokens (twice the KV cache any calibration step read) are predicted from it, before either runs.
 
 # %%
 from kvlab import stepmodel

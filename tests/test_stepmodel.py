@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from kvlab import stepmodel
+from kvlab import scorecard, stepmodel
 from kvlab.roofline import MachineLimits, ModelCost
 from kvlab.runtime.errors import KVLabError
 
@@ -60,6 +60,21 @@ def test_no_fitted_cost_is_negative_even_where_least_squares_would_make_one():
     model = stepmodel.fit(steps, COST, LIMITS, form="sum")
     assert min(model.constants.values()) >= 0 and model.constants["per_sequence_ms"] == 0, model.constants
     assert model.median_abs_residual() < 0.03
+
+
+def test_a_burst_on_a_shared_machine_does_not_move_the_constants():
+    """A slow stretch (a neighbour's job) makes the short-context decode steps of 1-3 sequences 25 % slower (6 of 57
+    steps): least squares trades it against the KV scale (here −6 %; on a CI machine 0.5 where its decode steps alone
+    showed ~2), the robust fit does not."""
+    steps = [stepmodel.Step(s.seconds * (1.25 if len(s.sequences) <= 3 and 0 < s.sequences[0][1] <= 128 else 1.0), s.sequences)
+             for s in synthetic("max", MAX, noise=0.01, seed=7)]
+    model = stepmodel.fit(steps, COST, LIMITS, form="max")
+    assert model.constants["kv_scale"] == pytest.approx(MAX["kv_scale"], rel=0.03), model.constants
+    x, offset = stepmodel._design(stepmodel.features(COST, LIMITS, steps), "max", stepmodel.compute_bound(
+        stepmodel.features(COST, LIMITS, steps), MAX))
+    y = np.array([s.seconds * 1e3 for s in steps])
+    plain = stepmodel._nonnegative_lstsq(x / y[:, None], (y - offset) / y)
+    assert abs(plain[3] / MAX["kv_scale"] - 1) > 0.05, plain  # the case this guards: least squares alone is moved
 
 
 def test_a_model_keeps_its_constants_on_another_model_and_bounds_a_gpu():
@@ -119,15 +134,24 @@ def test_a_composition_is_read_from_vllms_scheduler_output():
 
 @pytest.mark.engine
 def test_a_step_outside_the_calibration_is_predicted_within_15_percent(engine):
-    """Calibrated on ≤ 8 sequences at ≤ 256 tokens and ≤ 4 at ≤ 1,024 (and prefills ≤ 512), quick mode; then 8 sequences
-    decoding at ~1,024 tokens of context — twice the KV of any calibration step — predicted before it is measured."""
+    """Calibrated on ≤ 8 sequences at ≤ 256 tokens, ≤ 4 at ≤ 1,024 and 2 at 2,048 (and prefills ≤ 512), quick mode;
+    then 8 sequences decoding at ~1,024 tokens of context — twice the KV of any calibration step — predicted before it
+    is measured. The machine is shared: a miss beside a canary (lesson 10's: 4 short sequences, measured ÷ predicted)
+    more than 10 % off the calibration's speed is measured once more; a miss on a calm machine fails at once."""
     model = stepmodel.calibrate(engine, quick=True)
-    table = stepmodel.held_out(engine, model, [stepmodel.Point(8, 1024, 16)], repeats=2)
-    decode = table[(table.sequences == 8) & (table.tokens == 8)]
-    error = float(decode.predicted_ms.median() / decode.measured_ms.median() - 1)
+    tries = []
+    for _ in range(2):  # once more only if a canary says the machine ran at another speed than it was calibrated at
+        before = scorecard.canary(engine, model)
+        table = stepmodel.held_out(engine, model, [stepmodel.Point(8, 1024, 16)], repeats=2)
+        after = scorecard.canary(engine, model)
+        decode = table[(table.sequences == 8) & (table.tokens == 8)]
+        error = float(decode.predicted_ms.median() / decode.measured_ms.median() - 1)
+        tries.append(f"predicted {decode.predicted_ms.median():.1f} ms, measured {decode.measured_ms.median():.1f} ms "
+                     f"({error:+.0%}) over {len(decode)} steps, canaries {before:.2f} and {after:.2f} (1: as calibrated)")
+        if abs(error) <= 0.15 or max(abs(before - 1), abs(after - 1)) <= scorecard.CANARY_SLOWER:
+            break
     terms = model.attribution([stepmodel.decode_step(8, int(decode.context_mean.median()))]).iloc[0]
-    assert abs(error) <= 0.15, (f"predicted {decode.predicted_ms.median():.1f} ms, measured {decode.measured_ms.median():.1f} ms "
-                                f"({error:+.0%}) over {len(decode)} steps; {model.form} model {model.constants}; "
+    assert abs(error) <= 0.15, (f"{'; then '.join(tries)}; {model.form} model {model.constants}; "
                                 f"terms (ms) {terms.round(2).to_dict()}; limits {model.limits}")
 
 
