@@ -70,8 +70,8 @@ def test_a_burst_on_a_shared_machine_does_not_move_the_constants():
              for s in synthetic("max", MAX, noise=0.01, seed=7)]
     model = stepmodel.fit(steps, COST, LIMITS, form="max")
     assert model.constants["kv_scale"] == pytest.approx(MAX["kv_scale"], rel=0.03), model.constants
-    x, offset = stepmodel._design(stepmodel.features(COST, LIMITS, steps), "max", stepmodel.compute_bound(
-        stepmodel.features(COST, LIMITS, steps), MAX))
+    table = stepmodel.features(COST, LIMITS, steps)
+    x, offset = stepmodel._design(table, "max", stepmodel.compute_bound(table, MAX))
     y = np.array([s.seconds * 1e3 for s in steps])
     plain = stepmodel._nonnegative_lstsq(x / y[:, None], (y - offset) / y)
     assert abs(plain[3] / MAX["kv_scale"] - 1) > 0.05, plain  # the case this guards: least squares alone is moved
