@@ -85,10 +85,10 @@ def _batch(tok: Any, name: str, kind: str, engine: str, n: int, prompt: int, out
 
 
 def unloaded(tok: Any, prompt: int, out: int, seed: int, engine: str = "main", kind: str = "unloaded",
-             name: str | None = None) -> GridPoint:
-    """Three requests of one shape, each run alone on an idle engine."""
+             name: str | None = None, requests: int = 3) -> GridPoint:
+    """``requests`` requests of one shape (three; two on a machine too slow for three), each run alone on an idle engine."""
     name = name or f"alone {prompt}"
-    ids = distinct_prompts(tok, prompt, 3, seed=seed)
+    ids = distinct_prompts(tok, prompt, requests, seed=seed)
     return GridPoint(name, kind, engine, [Arrival(f"{name} #{i + 1}", p, out, 0.0) for i, p in enumerate(ids)],
                      one_at_a_time=True)
 
@@ -146,7 +146,7 @@ def grid_sizes(quick: bool) -> dict[str, Any]:
     return {"prompt_lengths": [96, 192, 384, 768, 1536, 2560],
             "batches": [(6, 384), (8, 128), (12, 256), (16, 64), (16, 512), (24, 128)],
             "budgets": {"main": 512, "budget 256": 256}, "long_prompts": [1024, 2048], "prefixes": [256, 640, 1024],
-            "rate_fractions": [0.5, 0.7, 0.85, 0.95, 1.25], "poisson_requests": 30, "poisson_window_s": 25.0,
+            "rate_fractions": [0.6, 0.8, 0.95, 1.25], "poisson_requests": 30, "poisson_window_s": 20.0,
             "second_batches": [1, 4, 8, 16, 32], "output_tokens": 24, "second_alone": 1280}
 
 
@@ -154,19 +154,19 @@ def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: lis
                   budgets: dict[str, int], long_prompts: list[int], prefixes: list[int], rate_fractions: list[float],
                   poisson_requests: int, poisson_window_s: float, second_batches: list[int], output_tokens: int,
                   second_alone: int | None = None, speculation_k: int = SPEC_K,
-                  overload_window_s: float | None = None) -> list[GridPoint]:
+                  overload_window_s: float | None = None, alone_requests: int = 3) -> list[GridPoint]:
     """The held-out points (``grid_sizes``), none a calibration composition. ``toks`` maps each engine key ("main",
     each budget's key, "second") to its tokenizer; Poisson rates are fractions of ``capacity_rps``, each with as many
     requests as arrive in ``poisson_window_s`` at that rate (at least 10, at most ``poisson_requests``): the same
     traffic shape and wall time on a fast machine and a slow one. A rate above capacity sends what arrives in
     ``overload_window_s`` (default: the same window): its queue needs time to build. With a "spec" engine, one
     speculation point (four edits submitted together, ``speculation_k`` draft tokens per step, twice the output
-    tokens)."""
+    tokens). Each prompt length alone is run ``alone_requests`` times."""
     def window(f: float) -> float:
         return overload_window_s if f > 1 and overload_window_s else poisson_window_s
 
     tok, out = toks["main"], output_tokens
-    grid = [unloaded(tok, p, out, seed=10 + i) for i, p in enumerate(prompt_lengths)]
+    grid = [unloaded(tok, p, out, seed=10 + i, requests=alone_requests) for i, p in enumerate(prompt_lengths)]
     grid += [_batch(tok, f"batch {n} × {p}", "batch", "main", n, p, out, seed=30 + i) for i, (n, p) in enumerate(batches)]
     grid += [long_during_decodes(toks[e], e, b, n, seed=50 + i) for e, b in budgets.items() for i, n in enumerate(long_prompts)]
     grid += [shared_prefix(tok, p, 6 if len(prefixes) == 1 else 8, 0.2, seed=70 + i) for i, p in enumerate(prefixes)]
@@ -177,7 +177,7 @@ def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: lis
                  for n in second_batches]
         if second_alone:
             grid.append(unloaded(toks["second"], second_alone, out, seed=120, engine="second", kind="second model",
-                                 name=f"second model, alone {second_alone}"))
+                                 name=f"second model, alone {second_alone}", requests=alone_requests))
     if "spec" in toks:
         grid.append(speculation_point(toks["spec"], speculation_k, 4, 2 * out, seed=130))
     return grid
@@ -193,12 +193,15 @@ def grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, An
     """The held-out grid whose forecast measuring time fits ``target_s``: the Poisson window of the rates below
     capacity (the part of the grid whose time is set in seconds) shortened as far as needed, never below 10 requests
     per rate; a rate above capacity keeps the whole window (a short burst meets any SLO: its queue must have time to
-    grow). Where that is not enough (a slow machine), every request writes ``min_output_tokens`` instead; the points
-    stay the same. The grid, and each point's forecast seconds (the lesson prints both)."""
+    grow). Where that is not enough (a slow machine), every request writes ``min_output_tokens`` instead, and where
+    even that is not, each prompt length alone runs twice instead of three times; the points stay the same. The grid,
+    and each point's forecast seconds (the lesson prints both)."""
     grid, seconds = _grid_for_time(toks, capacity_rps, sizes, setups, models, target_s)
-    if seconds.sum() > target_s and sizes["output_tokens"] > min_output_tokens:
-        grid, seconds = _grid_for_time(toks, capacity_rps, sizes | {"output_tokens": min_output_tokens}, setups, models,
-                                       target_s)
+    for fewer in ({"output_tokens": min(min_output_tokens, sizes["output_tokens"])}, {"alone_requests": 2}):
+        if seconds.sum() <= target_s:
+            break
+        sizes = sizes | fewer
+        grid, seconds = _grid_for_time(toks, capacity_rps, sizes, setups, models, target_s)
     return grid, seconds
 
 
@@ -345,13 +348,14 @@ def canary(llm: Any, model: StepModel, steps: int = 8) -> float:
 
 
 def measure_grid(engines: dict[str, Any], grid: list[GridPoint], out: str | Path, model: StepModel | None = None,
-                 retries: float = 0.25) -> dict[str, Any]:
+                 retries: float = 0.25, retry_s: float = float("inf")) -> dict[str, Any]:
     """Measure every point (refused unless this grid's predictions are on disk); return {point: (requests, steps)}.
     One untimed warm-up request per engine first. With ``model`` (the main engine's step model), a ``canary`` runs on
     the main engine before each point and after the last: a point whose canary before or after ran more than
     ``CANARY_SLOWER`` slower than the fastest canary so far was measured while the machine was busy, and is measured
-    once more (at most ``retries`` × the points); the run beside the faster canaries is kept — chosen by the canaries,
-    never by the point's own error. Each point's canaries are in ``steps.attrs["canary"]`` (``machine_speed``)."""
+    once more (at most ``retries`` × the points, and while the first runs of the points measured again add up to no
+    more than ``retry_s`` seconds); the run beside the faster canaries is kept — chosen by the canaries, never by the
+    point's own error. Each point's canaries are in ``steps.attrs["canary"]`` (``machine_speed``)."""
     check_predictions(grid, out)
     from tqdm.auto import tqdm
 
@@ -365,13 +369,15 @@ def measure_grid(engines: dict[str, Any], grid: list[GridPoint], out: str | Path
     fastest = before = canary(main, model)
     measured = {}
     for p in tqdm(grid, desc="measuring", leave=False):
+        started = time.perf_counter()
         result = measure_point(engines[p.engine], p)
+        took = time.perf_counter() - started
         after = canary(main, model)
         fastest = min(fastest, before, after)
         slow = max(before, after) / fastest - 1
         record = {"before": before, "after": after, "slower": slow, "remeasured": False}
-        if slow > CANARY_SLOWER and left > 0:  # the machine was busy around this point: once more, keep the calmer run
-            left -= 1
+        if slow > CANARY_SLOWER and left > 0 and took <= retry_s:  # the machine was busy: once more, keep the calmer run
+            left, retry_s = left - 1, retry_s - took
             before_again = canary(main, model)
             again = measure_point(engines[p.engine], p)
             after_again = canary(main, model)

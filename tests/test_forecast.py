@@ -5,6 +5,7 @@ measured only after its predictions are on disk."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -94,9 +95,9 @@ def test_the_scorecard_scores_errors_and_intervals():
     assert board.loc["ttft_p50_ms", "median_abs_error"] == pytest.approx(0.1)
 
 
-def test_a_point_beside_a_slow_canary_is_measured_again_and_the_calmer_run_kept(tmp_path, monkeypatch):
-    """Pure logic with stand-ins for the engine: canaries read 1.0, 1.0, then 1.3 after point b (the machine busy),
-    1.0 and 1.02 around b's second run; a's neighbours were calm. b is measured twice and its second run kept; a once."""
+def measured_beside_busy_canaries(tmp_path, monkeypatch, point_s: float = 0.0, **kwargs) -> tuple[list[str], dict]:
+    """Pure logic with stand-ins for the engine: points a and b, each taking ``point_s``; canaries read 1.0, 1.0, then
+    1.3 after point b (the machine busy), 1.0 and 1.02 around b's second run. The points run, and what was kept."""
     grid = fake_grid()
     scorecard.write_predictions(pd.DataFrame([{"point": "a", "metric": "tpot_p50_ms", "predicted": 1.0, "lo80": 1.0,
                                                "hi80": 1.0}]), grid, tmp_path)
@@ -104,16 +105,28 @@ def test_a_point_beside_a_slow_canary_is_measured_again_and_the_calmer_run_kept(
 
     def fake_point(llm, point):
         runs.append(point.name)
+        time.sleep(point_s)
         return pd.DataFrame({"run": [len(runs)]}), pd.DataFrame({"seconds": [0.1]})
 
     monkeypatch.setattr(scorecard, "canary", lambda llm, model: next(speeds))
     monkeypatch.setattr(scorecard, "measure_point", fake_point)
     monkeypatch.setattr(scorecard, "run_workload", lambda llm, arrivals: None)
-    measured = scorecard.measure_grid({"main": object()}, grid, tmp_path, model=object(), retries=1.0)
+    return runs, scorecard.measure_grid({"main": object()}, grid, tmp_path, model=object(), retries=1.0, **kwargs)
+
+
+def test_a_point_beside_a_slow_canary_is_measured_again_and_the_calmer_run_kept(tmp_path, monkeypatch):
+    """b, beside the busy canary, is measured twice and its second run (calmer canaries) kept; a, beside calm ones, once."""
+    runs, measured = measured_beside_busy_canaries(tmp_path, monkeypatch)
     assert runs == ["a", "b", "b"] and measured["b"][0].run.iloc[0] == 3 and measured["a"][0].run.iloc[0] == 1
     speed = scorecard.machine_speed(measured).set_index("point")
     assert speed.remeasured.tolist() == [False, True] and speed.loc["b", "first_slower"] == pytest.approx(0.3)
     assert speed.loc["b", "slower"] == pytest.approx(0.02) and speed.loc["b", "after"] == pytest.approx(1.02)
+
+
+def test_a_busy_point_is_not_measured_again_past_the_time_allowed_for_it(tmp_path, monkeypatch):
+    """The same busy canaries, but b's first run took longer than ``retry_s``: b is measured once."""
+    runs, measured = measured_beside_busy_canaries(tmp_path, monkeypatch, point_s=0.05, retry_s=0.01)
+    assert runs == ["a", "b"] and scorecard.machine_speed(measured).remeasured.tolist() == [False, False]
 
 
 class ByteTokenizer:
@@ -154,7 +167,7 @@ def test_every_grid_point_is_held_out_of_the_calibration():
     toks = dict.fromkeys(("main", "budget 256", "second"), ByteTokenizer())
     for quick, least in ((True, 8), (False, 30)):
         grid = scorecard.held_out_grid(toks, 2.0, **scorecard.grid_sizes(quick))
-        assert len(grid) >= least, len(grid)
+        assert len(grid) + 1 >= least, len(grid)  # + the speculation point, on its own engine in the lesson
         assert len({p.name for p in grid}) == len(grid)
         shapes = {(len(p.runs()[0]), len(p.arrivals[0].prompt_ids)) for p in grid}
         assert not shapes & calibrated, shapes & calibrated
@@ -189,6 +202,11 @@ def test_a_grid_still_too_long_writes_fewer_tokens_per_request(monkeypatch):
     assert {a.max_tokens for p in full if p.kind == "batch" for a in p.arrivals} == {sizes["output_tokens"]}
     assert {a.max_tokens for p in short if p.kind == "batch" for a in p.arrivals} == {16}
     assert [p.name for p in short] == [p.name for p in full] and short_seconds.sum() < seconds.sum()
+    alone = {len(p.arrivals) for p in full if p.one_at_a_time}
+    assert alone == {3} and {len(p.arrivals) for p in short if p.one_at_a_time} == {2}  # 16 of 24 tokens was not enough
+    _, at_16 = scorecard.grid_for_time(toks, 2.0, sizes | {"output_tokens": 16}, nothing, nothing, target_s=1e9)
+    fewer_tokens, _ = scorecard.grid_for_time(toks, 2.0, sizes, nothing, nothing, target_s=at_16.sum())
+    assert {len(p.arrivals) for p in fewer_tokens if p.one_at_a_time} == {3}  # 16 tokens was: three runs each stay
 
 
 @pytest.mark.engine
