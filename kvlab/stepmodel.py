@@ -20,6 +20,7 @@ from per-request averages.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -441,6 +442,54 @@ def calibrate(llm: Any, quick: bool = False, limits: MachineLimits | None = None
     check_fit(model, steps)
     model.meta["point_out_errors"] = point_out_errors(measured, cost, limits, model.form)
     model.meta["run_to_run"] = run_to_run(measured)
+    return model
+
+
+#: How long a saved calibration stands for the same machine, model and engine settings (a later lesson's, or a rerun).
+REUSE_HOURS = 6.0
+
+
+def reuse_key(llm: Any, quick: bool) -> dict[str, str]:
+    """What a step's duration depends on: the machine and its threads, the model and its dtype, eager or compiled,
+    the KV cache's dtype and blocks, vLLM's version. Scheduler settings (token budget, prefix caching, context) are
+    not in it: they change which steps run, not how long a step of a given composition takes."""
+    vllm_config = llm.llm_engine.vllm_config
+    machine = env_report()
+    return {"model": str(getattr(llm, "kvlab_settings", {}).get("model", vllm_config.model_config.model)),
+            "dtype": str(vllm_config.model_config.dtype), "eager": str(vllm_config.model_config.enforce_eager),
+            "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype), "block_size": str(kv_capacity(llm).block_size),
+            "sweep": "quick" if quick else "full",
+            **{k: machine[k] for k in ("cpu", "cpu flags (vector/matrix)", "cores usable", "torch", "vllm",
+                                       "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")}}
+
+
+def saved_path(key: dict[str, str]) -> Path:
+    """Where the calibration for ``key`` is kept: the build folder, one file per machine × model × engine settings."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return config.build_dir() / "step_models" / f"{digest}.json"
+
+
+def calibrated(llm: Any, quick: bool = True, limits: MachineLimits | None = None, fresh: bool = False) -> StepModel:
+    """This engine's step model: the calibration an earlier lesson saved for the same machine, model and engine
+    settings in the last ``REUSE_HOURS`` (so the sweep is not measured twice), else ``calibrate`` now and save it.
+    Prints which, and how old; ``fresh=True`` always measures again."""
+    key = reuse_key(llm, quick)
+    path = saved_path(key)
+    age_s = time.time() - path.stat().st_mtime if path.exists() else math.inf
+    if not fresh and age_s <= REUSE_HOURS * 3600:
+        model = StepModel.from_json(path)
+        if model.meta.get("reuse_key") == key:
+            model.meta["reused"] = {"path": str(path), "age_s": round(age_s)}
+            print(f"Step model: the calibration saved {age_s / 60:.0f} min ago on this machine, model and engine "
+                  f"settings ({model.meta.get('steps_recorded', '?')} steps of {model.meta.get('compositions', '?')} "
+                  f"compositions), reused from {path}; calibrated(..., fresh=True) measures it again.")
+            return model
+    started = time.perf_counter()
+    model = calibrate(llm, quick=quick, limits=limits)
+    model.meta["reuse_key"] = key
+    model.to_json(path)
+    print(f"Step model: calibrated now ({time.perf_counter() - started:.0f} s: {model.meta['steps_recorded']} steps of "
+          f"{model.meta['compositions']} compositions), saved for the next lesson at {path}.")
     return model
 
 

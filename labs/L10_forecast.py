@@ -76,7 +76,7 @@ shape = dict(prompt_lengths=p.prompt_lengths, batches=[(n, p.batch_prompt_tokens
              second_batches=[1, 8] if p.second_model else [], output_tokens=p.output_tokens,
              speculation_k=p.speculation_k)
 scorecard.check_grid(scorecard.held_out_grid(toks, 1.0, **shape), setups)  # every request fits, before calibrating
-model = stepmodel.calibrate(engines["main"], quick=True)
+model = stepmodel.calibrated(engines["main"])  # a saved calibration for this machine and settings, else a new one
 model.describe().round(4)
 
 # %% [markdown]

@@ -137,20 +137,29 @@ else:
 # its point's median + 5 robust standard deviations, and at least 1.5× the median), measures that point once more,
 # prints how many it flagged, and the percentiles leave the flagged ones out. They are shown below the table, not hidden.
 #
-# First, section 4's model of one engine step is fitted (a short sweep of its own, half a minute): it forecasts how long
-# one pass over the prompt lengths takes here, and the ceiling of five repeats shrinks to what fits about 45 seconds.
+# First, section 4's model of one engine step is fitted (a short sweep of its own, about a minute, saved in the build
+# folder: lessons 05, 09 and 10 reuse it on this machine, model and engine settings instead of measuring it again). It
+# forecasts how long one pass over the prompt lengths takes here, and the ceiling of five repeats shrinks to what fits
+# about 45 seconds (three at least; on a machine where three do not fit, each request writes 16 tokens instead of 32).
 
 # %%
 from kvlab import stepmodel
 
-steps_model = stepmodel.calibrate(llm, quick=True, limits=limits)  # section 4's step model, also the sweep's clock
-decode_tokens = kvlab.pick(32, 16)
+steps_model = stepmodel.calibrated(llm, limits=limits)  # section 4's step model, also the sweep's clock
 context = kvlab.kv_capacity(llm).max_model_len  # a model with a shorter context runs the lengths that fit
-prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + decode_tokens <= context]
-one_pass = sum(steps_model.run_seconds(1, n, decode_tokens) for n in prompt_lengths)  # every length once, forecast
-warm_up = sum(steps_model.run_seconds(1, n, min(8, decode_tokens)) for n in prompt_lengths)  # untimed, ≤ 8 tokens out
-repeats = kvlab.fit_to_time(kvlab.pick([5, 4, 3], [3]), lambda r: warm_up + r * one_pass, kvlab.pick(45.0, 20.0))
-print(f"one pass over the lengths: about {one_pass:.1f} s here, so at most {repeats} repeats (3 at least) after a warm-up")
+prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + 32 <= context]
+
+
+def sweep_seconds(option: tuple[int, int]) -> float:
+    """Forecast seconds of the sweep at (repeats, output tokens): an untimed warm-up (≤ 8 tokens out), then the passes."""
+    repeats, tokens = option
+    return sum(steps_model.run_seconds(1, n, min(8, tokens)) + repeats * steps_model.run_seconds(1, n, tokens)
+               for n in prompt_lengths)
+
+
+repeats, decode_tokens = kvlab.fit_to_time(kvlab.pick([(5, 32), (4, 32), (3, 32), (3, 16)], [(3, 16)]), sweep_seconds,
+                                           kvlab.pick(45.0, 20.0))
+print(f"{repeats} repeats (3 at least) of {decode_tokens} output tokens after a warm-up: about {sweep_seconds((repeats, decode_tokens)):.0f} s here")
 recorder = stepmodel.StepRecorder(llm)  # every engine step of the sweep: its composition and its duration
 with recorder.recording():
     runs = prefill_decode.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")

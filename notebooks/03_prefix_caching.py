@@ -75,12 +75,17 @@ px.strip(cw, x="cache", y=cw.ttft_s * 1e3, color="cache", title="TTFT with the p
 # last block also holds suffix tokens, so it differs and a whole block is recomputed. The check: at the longest prefix
 # the warm request saves at least half of what the prefix adds to a cold TTFT (a fixed ratio such as "warm is under
 # half of cold" holds on a CPU, not for a small model on a GPU, whose fixed cost per step dwarfs its prefill).
+# Repeats: three where a pass over the lengths is forecast (from section 2's cold TTFT per token) to fit about
+# 35 seconds on this machine, else two.
 
 # %%
 lengths = sorted({max(2, tokens // block) * block for tokens in kvlab.pick([256, 512, 1024, 2048], [256, 1024])
                   if tokens + 64 <= context})  # whole blocks, with the suffix and answer inside the model's context
 lengths_and_one_short = sorted(set(lengths + [length - 1 for length in lengths]))
-repeats = kvlab.pick(3, 2)
+per_token_s = cold_ms / 1e3 / len(example)  # section 2's cold prefill, per prompt token: this machine's speed
+one_repeat_s = sum(per_token_s * n + warm_ms / 1e3 for n in lengths_and_one_short)  # a cold and a warm request each
+repeats = kvlab.fit_to_time(kvlab.pick([3, 2], [2]), lambda r: r * one_repeat_s, kvlab.pick(35.0, 15.0))
+print(f"one pass over {len(lengths_and_one_short)} prefix lengths: about {one_repeat_s:.0f} s here → {repeats} repeats")
 sweep = caching.prefix_length_sweep(llm, lengths_and_one_short, suffix_tokens=32, repeats=repeats)
 by_len = sweep.groupby(["prefix_tokens", "cache"]).agg(ttft_ms=("ttft_s", lambda x: 1e3 * x.median()), cached=("cached_tokens", "median")).unstack("cache")
 by_len.columns = [f"{metric}_{cache}" for metric, cache in by_len.columns]
@@ -187,10 +192,14 @@ assert (unique.cached_tokens == 0).all()
 #
 # A more realistic stream: 80 % of requests share the prefix (with random user turns), 20 % are unique prompts of the
 # same length, in random order — once with caching, once with the cache emptied before every request (the same as
-# caching off). Hit rate from the engine's own counters.
+# caching off). Hit rate from the engine's own counters. The number of requests (10, 8 or 6) is the most whose forecast
+# from section 2's cold and warm medians fits about 35 seconds on this machine.
 
 # %%
-n_requests = kvlab.pick(10, 6)
+cold_s, warm_s = cold_ms / 1e3, warm_ms / 1e3  # section 2's medians: this machine's speed
+traffic_s = lambda n: n * cold_s + cold_s + n * (0.2 * cold_s + 0.8 * warm_s)  # noqa: E731 - off: all cold; on: 80 % warm
+n_requests = kvlab.fit_to_time(kvlab.pick([10, 8, 6], [6]), traffic_s, kvlab.pick(35.0, 20.0))
+print(f"{n_requests} requests per setting: about {traffic_s(n_requests):.0f} s here (cold {cold_s:.2f} s, warm {warm_s:.2f} s)")
 mixed_on, counters_on = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=True)
 mixed_off, counters_off = caching.mixed_traffic(llm, system, turns, n_requests, 0.8, seed=1, caching=False)
 mixed = pd.concat([mixed_on, mixed_off])

@@ -57,18 +57,20 @@ prompt_tokens = 128
 # shared machine) counts less. It is fitted only on prefills, on batches of **at most 8** sequences at 64- and
 # 256-token prompts, of **at most 4** at 512 and 1,024 and of 2 at 2,048; the largest batch of the sweep and
 # 8 sequences at 1,024 tokens (twice the KV cache any calibration step read) are predicted from it, before either runs.
+# The sweep is lesson 02's: if lesson 02 ran on this machine with this model and engine settings in the last few
+# hours, its saved calibration is reused (the cell says so, and how old it is); otherwise it runs here, in about a minute.
 
 # %%
 from kvlab import stepmodel
 
-steps_model = stepmodel.calibrate(llm, quick=True)  # the short sweep (under a minute): the lesson has more to run
+steps_model = stepmodel.calibrated(llm)  # lesson 02's short sweep: reused if saved, else measured now
 print(f"{steps_model.form} form, fitted on {steps_model.points} step compositions (median |residual| "
       f"{steps_model.median_abs_residual():.1%}; the {steps_model.other_form['form']} form: {steps_model.other_form['median_abs_residual']:.1%})")
 steps_model.describe().round(4)
 
 # %% [markdown]
 # The model also says how long the sweep will take on this machine, so the lesson sizes it before running it: the
-# longest decode (64 tokens, 32 at least) whose two repeats of every batch size fit about 45 seconds here.
+# longest decode (64 tokens, 24 at least) whose two repeats of every batch size fit about 45 seconds here.
 
 # %%
 def sweep_seconds(output_tokens: int) -> float:
@@ -77,7 +79,7 @@ def sweep_seconds(output_tokens: int) -> float:
     return 2 * sum(each) + each[0]
 
 
-output_tokens = kvlab.fit_to_time(kvlab.pick([64, 48, 32], [32, 24]), sweep_seconds, kvlab.pick(45.0, 20.0))
+output_tokens = kvlab.fit_to_time(kvlab.pick([64, 48, 32, 24], [32, 24]), sweep_seconds, kvlab.pick(45.0, 20.0))
 print(f"{output_tokens} output tokens per request: the sweep should take about {sweep_seconds(output_tokens):.0f} s here")
 
 # %%

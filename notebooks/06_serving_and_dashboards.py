@@ -246,9 +246,17 @@ who
 # `cache_salt` on every turn. vLLM mixes a request's salt into the hash of its first block
 # (`vllm/v1/core/kv_cache_utils.py`), so no block of an earlier turn matches and each turn is prefilled whole, as with
 # caching off (tenants use the salt to keep their cached prefixes apart). The counters confirm it: nothing reused.
+# Five turns where the salted run's prefills (forecast from section 3's agent prompt) fit about 25 seconds here, else four.
 
 # %%
-storm_turns = traffic.agent_turns_that_fit(tok, kvlab.pick(5, 4), 400, 1, server.max_model_len(), 16)  # fewer on a short context
+probe_agent = side_by_side[side_by_side.kind == "agent"].iloc[0]  # section 3's agent prompt: this machine's prefill speed
+per_token_s = probe_agent.engine_prefill_s / probe_agent.prompt_tokens
+turn_tokens = traffic.agent_request_tokens(tok, 5, 400, 1, 16)
+salted_s = lambda n: per_token_s * sum(turn_tokens[:n])  # noqa: E731 - the salted run's prefills, forecast
+storm_turns = kvlab.fit_to_time(kvlab.pick([5, 4], [4]), salted_s, kvlab.pick(25.0, 15.0))
+storm_turns = traffic.agent_turns_that_fit(tok, storm_turns, 400, 1, server.max_model_len(), 16)  # fewer on a short context
+print(f"{storm_turns} turns: the salted run's prefills forecast at about {salted_s(storm_turns):.0f} s here "
+      f"({per_token_s * 1e3:.2f} ms per prompt token)")
 agent = traffic.agent_session(tok, storm_turns, 400, tools=1, seed=7)
 storm = {"prefix caching on": traffic.agent_storm(server, agent, 16),
          "no reuse (salted)": traffic.agent_storm(server, agent, 16, reuse=False)}

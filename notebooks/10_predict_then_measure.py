@@ -62,10 +62,12 @@ print({key: llm.kvlab_settings["model"].split("/")[-1] for key, llm in engines.i
 # ## 2. Calibrate the step model on this machine
 #
 # The short sweep of lesson 05 (prefills of 64–512 tokens alone; batches of 1–8 sequences at 64-token prompts, of 8
-# at 256 and of 1–4 at 512 and 1,024), under a minute. A fit whose median residual is above 15 % stops here with one sentence.
+# at 256 and of 1–4 at 512 and 1,024), under a minute — or lesson 02's saved calibration for this machine, model
+# and engine settings, reused (the cell prints which, and its age). A fit whose median residual is above 15 % stops
+# here with one sentence.
 
 # %%
-model = stepmodel.calibrate(main, quick=True)
+model = stepmodel.calibrated(main)
 print(f"{model.form} form, {model.points} step compositions, median |residual| {model.median_abs_residual():.1%}")
 model.describe().round(4)
 

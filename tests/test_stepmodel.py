@@ -4,6 +4,7 @@ forms, and — on the real engine — a step composition outside the calibration
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -137,8 +138,10 @@ def test_a_step_outside_the_calibration_is_predicted_within_15_percent(engine):
     """Calibrated on ≤ 8 sequences at ≤ 256 tokens, ≤ 4 at ≤ 1,024 and 2 at 2,048 (and prefills ≤ 512), quick mode;
     then 8 sequences decoding at ~1,024 tokens of context — twice the KV of any calibration step — predicted before it
     is measured. The machine is shared: a miss beside a canary (lesson 10's: 4 short sequences, measured ÷ predicted)
-    more than 10 % off the calibration's speed is measured once more; a miss on a calm machine fails at once."""
-    model = stepmodel.calibrate(engine, quick=True)
+    more than 10 % off the calibration's speed is measured once more; a miss on a calm machine fails at once. The
+    calibration is measured here (``fresh=True``) and saved: the lessons run after this file reuse it, not measure it
+    again; lesson 05 checks the same composition at a looser 30 %, on a calibration from another process."""
+    model = stepmodel.calibrated(engine, fresh=True)
     tries = []
     for _ in range(2):  # once more only if a canary says the machine ran at another speed than it was calibrated at
         before = scorecard.canary(engine, model)
@@ -183,3 +186,30 @@ def test_a_plain_decode_step_is_one_sequence_one_token_no_draft():
              stepmodel.Step(0.090, ((64, 0),))]  # a prefill
     assert stepmodel.plain_decode_ms(steps) == pytest.approx(22.0)
     assert math.isnan(stepmodel.plain_decode_ms(steps[3:]))
+
+
+def test_a_saved_calibration_is_reused_only_for_the_same_key_and_while_recent(tmp_path, monkeypatch):
+    """Lessons 02, 05, 09 and 10 share one calibration sweep: the second lesson loads what the first saved, a
+    different machine, model or engine setting (the key) calibrates anew, as does an old file or ``fresh=True``."""
+    monkeypatch.setenv("KVLAB_BUILD_DIR", str(tmp_path))
+    key = {"model": "m", "dtype": "torch.bfloat16", "cpu": "c"}
+    monkeypatch.setattr(stepmodel, "reuse_key", lambda llm, quick: key | {"engine": llm})
+    runs = []
+
+    def fake_calibrate(llm, quick=False, limits=None):
+        runs.append(llm)
+        return stepmodel.fit(synthetic("sum", SUM, 0.01, seed=len(runs)), COST, LIMITS, meta={"steps_recorded": 3, "compositions": 2})
+
+    monkeypatch.setattr(stepmodel, "calibrate", fake_calibrate)
+    first = stepmodel.calibrated("eager")
+    again = stepmodel.calibrated("eager")
+    assert runs == ["eager"] and again.meta["reused"]["age_s"] >= 0
+    assert again.constants == pytest.approx(first.constants) and again.form == first.form
+    stepmodel.calibrated("compiled")  # another key: measured
+    stepmodel.calibrated("eager", fresh=True)
+    assert runs == ["eager", "compiled", "eager"]
+    path = stepmodel.saved_path(key | {"engine": "eager"})
+    old = path.stat().st_mtime - stepmodel.REUSE_HOURS * 3600 - 60
+    os.utime(path, (old, old))
+    stepmodel.calibrated("eager")
+    assert runs[-1] == "eager" and len(runs) == 4
