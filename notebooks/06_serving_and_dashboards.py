@@ -208,8 +208,15 @@ print(f"output tokens/s: {chat['output tokens/s (mean)']:.1f} vs {mixed['output 
       f"TTFT p95: {chat['TTFT p95 (ms)']:.0f} vs {mixed['TTFT p95 (ms)']:.0f} ms ({p95_ratio:.1f}×); "
       f"mean prompt tokens {chat['prompt tokens (mean)']:.0f} vs {mixed['prompt tokens (mean)']:.0f}, output tokens "
       f"{chat['output tokens (mean)']:.0f} vs {mixed['output tokens (mean)']:.0f}")
-assert p95_ratio >= 2, p95_ratio
-assert tps_change < p95_ratio - 1, (tps_change, p95_ratio)
+probe_agent = side_by_side[side_by_side.kind == "agent"].iloc[0]  # section 3's agent prompt, prefilled alone
+agent_prefill_ms = probe_agent.engine_prefill_s * 1e3
+if agent_prefill_ms >= 5 * chat["TTFT p95 (ms)"]:  # a chat behind an agent's prefill waits far longer than its own TTFT
+    assert p95_ratio >= 2, p95_ratio
+    assert tps_change < p95_ratio - 1, (tps_change, p95_ratio)
+else:  # a model whose prefill is quick: a chat that meets an agent's prefill barely waits
+    print(f"The 2× check is skipped on this model: one agent prompt prefills in {agent_prefill_ms:.0f} ms (section 3), "
+          f"under 5× the chats' TTFT p95 ({chat['TTFT p95 (ms)']:.0f} ms), so a chat behind it need not wait twice as long. "
+          + kvlab.claim(p95_ratio >= 2, "The TTFT p95 doubled all the same.", f"Here it moved {p95_ratio:.1f}×."))
 
 # %% [markdown]
 # The same two runs as the server's own `/metrics` tells them — what the operations dashboard would plot: histogram
@@ -249,7 +256,6 @@ who
 # Five turns where the salted run's prefills (forecast from section 3's agent prompt) fit about 25 seconds here, else four.
 
 # %%
-probe_agent = side_by_side[side_by_side.kind == "agent"].iloc[0]  # section 3's agent prompt: this machine's prefill speed
 per_token_s = probe_agent.engine_prefill_s / probe_agent.prompt_tokens
 turn_tokens = traffic.agent_request_tokens(tok, 5, 400, 1, 16)
 salted_s = lambda n: per_token_s * sum(turn_tokens[:n])  # noqa: E731 - the salted run's prefills, forecast
