@@ -106,14 +106,14 @@ print(f"On an {gpu.device} (datasheet limits, no overhead: a lower bound), Llama
 # - **chat**: open questions — nothing in the prompt to copy.
 #
 # Greedy, each request alone, streamed chunk by chunk (TPOT from the first to the last chunk, ITL between chunks). The
-# step model of section 6 is fitted first, on this engine's plain steps (lesson 02's sweep, its saved calibration
-# reused when there is one): it says how long the task runs will take, and the answers are capped at the longest
+# step model of section 6 is fitted first, on plain (non-speculative) steps of this model and engine settings (lesson
+# 02's sweep; its saved calibration, made on another engine with the same settings, reused when there is one): it says how long the task runs will take, and the answers are capped at the longest
 # length (96 tokens, 64 at least) that fits about a minute and a half here.
 
 # %%
 from kvlab import stepmodel
 
-steps_model = stepmodel.calibrated(base, limits=limits)  # plain steps of this engine (section 6 uses it)
+steps_model = stepmodel.calibrated(base, limits=limits)  # plain steps of this model and settings (section 6 uses it)
 requests = kvlab.pick(3, 2)
 
 
