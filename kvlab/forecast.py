@@ -211,11 +211,13 @@ class _Ledger:
 
 
 def simulate(setup: Setup, arrivals: list[Arrival], model: StepModel, scale: float = 1.0,
-             max_steps: int = 200_000, speculation: Speculation | None = None, seed: int = 0) -> Forecast:
-    """Run ``arrivals`` through vLLM's scheduler, each step lasting the step model's prediction × ``scale``; return
-    per-request TTFT, TPOT, E2E, queue wait, its own prefill alone, cached tokens and preemptions, and per-step
-    composition, duration and KV blocks in use. With ``speculation`` (and an engine configured for it), each decode
-    step gets drafts and acceptances drawn from it (``seed``)."""
+             max_steps: int = 200_000, speculation: Speculation | None = None, seed: int = 0,
+             step_noise: tuple[float, ...] = ()) -> Forecast:
+    """Run ``arrivals`` through vLLM's scheduler, each step lasting the step model's prediction × ``scale`` (× 1 + a
+    relative error drawn from ``step_noise`` per step, for an interval); return per-request TTFT, TPOT, E2E, queue
+    wait, its own prefill alone, cached tokens and preemptions, and per-step composition, duration and KV blocks in
+    use. With ``speculation`` (and an engine configured for it), each decode step gets drafts and acceptances drawn
+    from it (``seed``)."""
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
     if speculation is not None and not setup.vllm_config.speculative_config:
@@ -247,7 +249,7 @@ def simulate(setup: Setup, arrivals: list[Arrival], model: StepModel, scale: flo
                                  "the KV pool.")
             continue
         step, ids, start = composition(out, 0.0), list(out.num_scheduled_tokens), t
-        t += ledger.seconds(step)
+        t += ledger.seconds(step) * (1.0 + float(rng.choice(step_noise)) if step_noise else 1.0)
         drafts = out.scheduled_spec_decode_tokens or {}
         accepted = {rid: speculation.accepted(len(d), rng) for rid, d in drafts.items()} if speculation else {}
         sampled = ledger.book(step, ids, reqs, start, t, accepted)
@@ -318,13 +320,12 @@ def paper_setup(base: Setup, kv_tokens: int, block_size: int = 16, max_num_batch
 
 def draws(model: StepModel, count: int, seed: int = 0) -> list[tuple[StepModel, float]]:
     """``count`` plausible step models for an interval: constants drawn from their fitted uncertainty (normal, 1 SE),
-    each with a whole-run scale drawn from the relative errors the model makes on shapes it was not fitted on (each
-    calibration point predicted by a fit on the others, and any held-out errors; its leave-one-out residuals, or
-    the fit's own residuals, when those are not known) times the machine's run-to-run noise (the calibration's
-    repeats of one point, ``stepmodel.run_to_run``): a run is off by a common factor more than step by step."""
+    each with a whole-run scale: a whole run's error on a shape the model was not fitted on (each calibration point's
+    run predicted by a fit on the other points, ``stepmodel.point_out_errors``; else the leave-one-out residuals,
+    else the fit's residuals) times the machine's run-to-run noise (the calibration's repeats of one point,
+    ``stepmodel.run_to_run``): a run is off by a common factor, its steps' own noise averaging out."""
     rng = np.random.default_rng(seed)
-    unseen = [*model.meta.get("point_out_errors", []), *[r["error"] for r in model.meta.get("held_out", [])]]
-    errors = unseen or model.meta.get("leave_one_out_residuals") or model.residuals or [0.0]
+    errors = model.meta.get("point_out_errors") or model.meta.get("leave_one_out_residuals") or model.residuals or [0.0]
     noise = model.meta.get("run_to_run") or [0.0]
     out = []
     for _ in range(count):
@@ -334,6 +335,13 @@ def draws(model: StepModel, count: int, seed: int = 0) -> list[tuple[StepModel, 
         shape = 1.0 / (1.0 + float(rng.choice(errors)))  # a model that over-predicted by r runs 1/(1+r)
         out.append((drawn, shape * (1.0 + float(rng.choice(noise)))))
     return out
+
+
+def step_noise(model: StepModel) -> tuple[float, ...]:
+    """Each step's own error, for an interval: the model's relative errors on step compositions it was not fitted on
+    (leave-one-out; its residuals when those are not known). Over an isolated batch they average out; where requests
+    arrive over time they move which steps a request joins — as a machine's jitter does."""
+    return tuple(model.meta.get("leave_one_out_residuals") or model.residuals or ())
 
 
 def point_metrics(requests: pd.DataFrame) -> dict[str, float]:
@@ -359,6 +367,11 @@ def run_metrics(requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]
     return point_metrics(requests) | {"peak_blocks": float(steps.blocks_used.max())}
 
 
+#: Metrics vLLM's own rules decide whatever the step times (block allocation, for requests that arrive together):
+#: forecast as exact, with no interval drawn.
+EXACT_METRICS = ("peak_blocks",)
+
+
 @dataclass
 class Prediction:
     """A forecast with its 80 % interval: the central run (fitted constants), and per metric the 10th and 90th
@@ -371,9 +384,10 @@ class Prediction:
 
 
 def simulate_runs(setup: Setup, runs: list[list[Arrival]], model: StepModel, scale: float = 1.0,
-                  speculation: Speculation | None = None, seed: int = 0) -> Forecast:
+                  speculation: Speculation | None = None, seed: int = 0, step_noise: tuple[float, ...] = ()) -> Forecast:
     """Several runs one after another, each on an idle engine with an empty prefix cache (its times its own)."""
-    parts = [simulate(setup, arrivals, model, scale, speculation=speculation, seed=seed + i) for i, arrivals in enumerate(runs)]
+    parts = [simulate(setup, arrivals, model, scale, speculation=speculation, seed=seed + i, step_noise=step_noise)
+             for i, arrivals in enumerate(runs)]
     return Forecast(pd.concat([p.requests for p in parts], ignore_index=True),
                     pd.concat([p.steps for p in parts], ignore_index=True))
 
@@ -388,12 +402,14 @@ def predict(setup: Setup, runs: list[list[Arrival]], model: StepModel, samples: 
         again = [point_metrics(simulate_runs(setup, runs, model, speculation=speculation, seed=seed + s).requests)
                  for s in range(1, 8)]
         metrics |= pd.DataFrame([point_metrics(central.requests), *again]).median().to_dict()
-    drawn = [point_metrics(simulate_runs(setup, runs, m, scale, speculation, seed + 1000 * (i + 1)).requests)
+    noise = step_noise(model)
+    drawn = [point_metrics(simulate_runs(setup, runs, m, scale, speculation, seed + 1000 * (i + 1), noise).requests)
              for i, (m, scale) in enumerate(draws(model, samples, seed))]
     table = pd.DataFrame(drawn)
     lo = {k: float(min(table[k].quantile(0.1), metrics[k])) for k in table}
     hi = {k: float(max(table[k].quantile(0.9), metrics[k])) for k in table}
-    lo["peak_blocks"] = hi["peak_blocks"] = metrics["peak_blocks"]  # vLLM's allocation is exact, not a draw
+    for exact in EXACT_METRICS:  # vLLM's block allocation decides them: exact, not a draw
+        lo[exact] = hi[exact] = metrics[exact]
     return Prediction(central, metrics, lo, hi)
 
 

@@ -416,6 +416,13 @@ def score(predictions: pd.DataFrame, measured: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def coverage(card: pd.DataFrame) -> tuple[float, int, int]:
+    """The 80 % intervals' coverage: the share of measurements inside their interval, over the metrics with a drawn
+    interval (not ``forecast.EXACT_METRICS``, forecast exact); with how many were inside and how many there were."""
+    drawn = card[~card.metric.isin(forecast.EXACT_METRICS)]
+    return float(drawn.inside.mean()), int(drawn.inside.sum()), len(drawn)
+
+
 def summary(card: pd.DataFrame) -> pd.DataFrame:
     """Per metric: points, median |error| and the share of measurements inside their 80 % interval."""
     g = card.groupby("metric")

@@ -507,8 +507,9 @@ def run_to_run(measured: list[tuple[Point, Step]]) -> list[float]:
 
 
 def point_out_errors(measured: list[tuple[Point, Step]], cost: ModelCost, limits: MachineLimits, form: str) -> list[float]:
-    """Each calibration point's step compositions predicted by a fit on the *other* points (relative errors): how far
-    the model lands on shapes it was not fitted on — what a forecast's interval should allow for."""
+    """Each calibration point's run predicted by a fit on the *other* points: its steps' total predicted time against
+    their total measured (one relative error per point) — how far a whole run lands on a shape the model was not
+    fitted on, the error a forecast's interval should allow for (a step's own noise averages out over a run)."""
     out: list[float] = []
     for point in dict.fromkeys(p for p, _ in measured):
         rest = typical([s for q, s in measured if q != point])
@@ -516,7 +517,7 @@ def point_out_errors(measured: list[tuple[Point, Step]], cost: ModelCost, limits
         if len(rest) < 8 or not mine:
             continue
         model = fit(rest, cost, limits, form=form)
-        out += [float(e) for e in model.predict_ms(mine) / np.array([s.seconds * 1e3 for s in mine]) - 1]
+        out.append(float(model.predict_ms(mine).sum() / (sum(s.seconds for s in mine) * 1e3) - 1))
     return out
 
 

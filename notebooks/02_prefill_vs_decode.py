@@ -140,26 +140,31 @@ else:
 # First, section 4's model of one engine step is fitted (a short sweep of its own, about a minute, saved in the build
 # folder: lessons 05, 09 and 10 reuse it on this machine, model and engine settings instead of measuring it again). It
 # forecasts how long one pass over the prompt lengths takes here, and the ceiling of five repeats shrinks to what fits
-# about 45 seconds (three at least; on a machine where three do not fit, each request writes 16 tokens instead of 32).
+# about 45 seconds (three at least; on a machine where three do not fit, each request writes 16 tokens instead of 32,
+# and where even that does not, the sweep ends at 2,048 tokens instead of 4,096).
 
 # %%
 from kvlab import stepmodel
 
 steps_model = stepmodel.calibrated(llm, limits=limits)  # section 4's step model, also the sweep's clock
 context = kvlab.kv_capacity(llm).max_model_len  # a model with a shorter context runs the lengths that fit
-prompt_lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + 32 <= context]
+lengths = [n for n in kvlab.pick([128, 256, 512, 1024, 2048, 4096], [128, 1024]) if n + 32 <= context]
 
 
-def sweep_seconds(option: tuple[int, int]) -> float:
-    """Forecast seconds of the sweep at (repeats, output tokens): an untimed warm-up (≤ 8 tokens out), then the passes."""
-    repeats, tokens = option
+def sweep_seconds(option: tuple[int, int, int]) -> float:
+    """Forecast seconds of the sweep at (repeats, output tokens, longest prompt): an untimed warm-up (≤ 8 tokens out),
+    then the passes."""
+    repeats, tokens, longest = option
     return sum(steps_model.run_seconds(1, n, min(8, tokens)) + repeats * steps_model.run_seconds(1, n, tokens)
-               for n in prompt_lengths)
+               for n in lengths if n <= longest)
 
 
-repeats, decode_tokens = kvlab.fit_to_time(kvlab.pick([(5, 32), (4, 32), (3, 32), (3, 16)], [(3, 16)]), sweep_seconds,
-                                           kvlab.pick(45.0, 20.0))
-print(f"{repeats} repeats (3 at least) of {decode_tokens} output tokens after a warm-up: about {sweep_seconds((repeats, decode_tokens)):.0f} s here")
+options = [(5, 32, lengths[-1]), (4, 32, lengths[-1]), (3, 32, lengths[-1]), (3, 16, lengths[-1])]
+options += [(3, 16, n) for n in lengths[-2:-1] if n >= 2048]  # a slow machine's sweep ends one length earlier
+repeats, decode_tokens, longest = kvlab.fit_to_time(kvlab.pick(options, options[-1:]), sweep_seconds, kvlab.pick(45.0, 20.0))
+prompt_lengths = [n for n in lengths if n <= longest]
+print(f"{repeats} repeats (3 at least) of {decode_tokens} output tokens after a warm-up, prompts of {prompt_lengths[0]}–"
+      f"{longest} tokens: about {sweep_seconds((repeats, decode_tokens, longest)):.0f} s here")
 recorder = stepmodel.StepRecorder(llm)  # every engine step of the sweep: its composition and its duration
 with recorder.recording():
     runs = prefill_decode.sweep(llm, prompt_lengths, [decode_tokens], repeats, min_repeats=3, desc="prompt lengths")

@@ -60,7 +60,8 @@ cw[["cache", "label", "prompt_tokens", "cached_tokens", "ttft_s"]].round(3)
 
 # %% tags=["key-figure"]
 s = timing.summarize(cw, ["ttft_s"], by=["cache"]).set_index("cache")
-cold_ms, warm_ms = s.ttft_s_p50["cold"] * 1e3, s.ttft_s_p50["warm"] * 1e3
+cold_s, warm_s = s.ttft_s_p50["cold"], s.ttft_s_p50["warm"]  # this machine's speed: later sections are sized from it
+cold_ms, warm_ms = cold_s * 1e3, warm_s * 1e3
 print(f"median TTFT: cold {cold_ms:.0f} ms, warm {warm_ms:.0f} ms → {cold_ms / warm_ms:.1f}× faster, {cold_ms - warm_ms:.0f} ms saved per request")
 import plotly.express as px
 
@@ -82,8 +83,8 @@ px.strip(cw, x="cache", y=cw.ttft_s * 1e3, color="cache", title="TTFT with the p
 lengths = sorted({max(2, tokens // block) * block for tokens in kvlab.pick([256, 512, 1024, 2048], [256, 1024])
                   if tokens + 64 <= context})  # whole blocks, with the suffix and answer inside the model's context
 lengths_and_one_short = sorted(set(lengths + [length - 1 for length in lengths]))
-per_token_s = cold_ms / 1e3 / len(example)  # section 2's cold prefill, per prompt token: this machine's speed
-one_repeat_s = sum(per_token_s * n + warm_ms / 1e3 for n in lengths_and_one_short)  # a cold and a warm request each
+per_token_s = cold_s / len(example)  # section 2's cold prefill, per prompt token: this machine's speed
+one_repeat_s = sum(per_token_s * n + warm_s for n in lengths_and_one_short)  # a cold and a warm request each
 repeats = kvlab.fit_to_time(kvlab.pick([3, 2], [2]), lambda r: r * one_repeat_s, kvlab.pick(35.0, 15.0))
 print(f"one pass over {len(lengths_and_one_short)} prefix lengths: about {one_repeat_s:.0f} s here → {repeats} repeats")
 sweep = caching.prefix_length_sweep(llm, lengths_and_one_short, suffix_tokens=32, repeats=repeats)
@@ -196,7 +197,6 @@ assert (unique.cached_tokens == 0).all()
 # from section 2's cold and warm medians fits about 35 seconds on this machine.
 
 # %%
-cold_s, warm_s = cold_ms / 1e3, warm_ms / 1e3  # section 2's medians: this machine's speed
 traffic_s = lambda n: n * cold_s + cold_s + n * (0.2 * cold_s + 0.8 * warm_s)  # noqa: E731 - off: all cold; on: 80 % warm
 n_requests = kvlab.fit_to_time(kvlab.pick([10, 8, 6], [6]), traffic_s, kvlab.pick(35.0, 20.0))
 print(f"{n_requests} requests per setting: about {traffic_s(n_requests):.0f} s here (cold {cold_s:.2f} s, warm {warm_s:.2f} s)")

@@ -95,6 +95,12 @@ def test_the_scorecard_scores_errors_and_intervals():
     assert board.loc["ttft_p50_ms", "median_abs_error"] == pytest.approx(0.1)
 
 
+def test_interval_coverage_leaves_out_the_metrics_forecast_exact():
+    card = pd.DataFrame({"metric": ["tpot_p50_ms", "ttft_p50_ms", "peak_blocks", "peak_blocks", "hit_rate"],
+                         "inside": [True, False, True, True, True]})
+    assert scorecard.coverage(card) == (pytest.approx(2 / 3), 2, 3)  # the blocks have no interval to be inside
+
+
 def measured_beside_busy_canaries(tmp_path, monkeypatch, point_s: float = 0.0, **kwargs) -> tuple[list[str], dict]:
     """Pure logic with stand-ins for the engine: points a and b, each taking ``point_s``; canaries read 1.0, 1.0, then
     1.3 after point b (the machine busy), 1.0 and 1.02 around b's second run. The points run, and what was kept."""

@@ -179,6 +179,19 @@ def test_run_to_run_noise_is_each_repeat_against_its_points_mean():
     assert noise == pytest.approx([-1 / 21, 1 / 21, 0.0, 0.0])  # a: 20 ms then 22 ms around 21; b: 12 and 12
 
 
+def test_each_calibration_point_out_gives_one_whole_run_error():
+    """A point's run is predicted by a fit on the other points: one error per point, its steps' totals compared, so a
+    step's own noise (here ±10 %) averages out and a run's error is far smaller than its steps' spread."""
+    steps = synthetic("sum", SUM, noise=0.10, seed=3)
+    points = [stepmodel.Point(i, 64, 4) for i in range(len(steps) // 4)]
+    measured = [(points[min(i // 4, len(points) - 1)], s) for i, s in enumerate(steps)]
+    errors = stepmodel.point_out_errors(measured, COST, LIMITS, "sum")
+    assert len(errors) == len(points)
+    step_errors = [s.seconds * 1e3 / m - 1 for s, m in zip(steps, stepmodel.StepModel("sum", SUM, {}, LIMITS, COST)
+                                                            .predict_ms(steps), strict=True)]
+    assert np.std(errors) < 0.75 * np.std(step_errors), (np.std(errors), np.std(step_errors))
+
+
 def test_a_plain_decode_step_is_one_sequence_one_token_no_draft():
     steps = [stepmodel.Step(0.020, ((1, 300),)), stepmodel.Step(0.022, ((1, 301),)), stepmodel.Step(0.030, ((1, 302),)),
              stepmodel.Step(0.050, ((3, 303),), spec_tokens=2),  # a verify step
