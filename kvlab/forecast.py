@@ -337,7 +337,7 @@ def draws(model: StepModel, count: int, seed: int = 0) -> list[tuple[StepModel, 
     return out
 
 
-def step_noise(model: StepModel) -> tuple[float, ...]:
+def step_errors(model: StepModel) -> tuple[float, ...]:
     """Each step's own error, for an interval: the model's relative errors on step compositions it was not fitted on
     (leave-one-out; its residuals when those are not known). Over an isolated batch they average out; where requests
     arrive over time they move which steps a request joins — as a machine's jitter does."""
@@ -402,7 +402,7 @@ def predict(setup: Setup, runs: list[list[Arrival]], model: StepModel, samples: 
         again = [point_metrics(simulate_runs(setup, runs, model, speculation=speculation, seed=seed + s).requests)
                  for s in range(1, 8)]
         metrics |= pd.DataFrame([point_metrics(central.requests), *again]).median().to_dict()
-    noise = step_noise(model)
+    noise = step_errors(model)
     drawn = [point_metrics(simulate_runs(setup, runs, m, scale, speculation, seed + 1000 * (i + 1), noise).requests)
              for i, (m, scale) in enumerate(draws(model, samples, seed))]
     table = pd.DataFrame(drawn)
