@@ -184,9 +184,9 @@ def extend_to_overload(llm: Any, maker: Requests, sweep: pd.DataFrame, seconds: 
         run = sweep[sweep.rate_rps == top]
         past_knee, met = True, False
         if objective is not None:
-            points = {rate: slo.rate_point(slo.steady_state(part), objective) for rate, part in sweep.groupby("rate_rps")}
-            met = points[top]["meets_slo"]
-            past_knee = len(points) < 2 or points[top]["goodput_rps"] < max(p["goodput_rps"] for p in points.values())
+            table = slo.rate_table(sweep, objective).set_index("rate_rps")
+            met = bool(table.meets_slo[top])
+            past_knee = len(table) < 2 or table.goodput_rps[top] < table.goodput_rps.max()
         if backlog_growth(run) > OVERLOAD_GROWTH_RPS and not met and past_knee:
             break
         more = run_open_loop(llm, maker, [round(top * factor, 2)], seconds, min_requests, seed, progress=False, **run_args)

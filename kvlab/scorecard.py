@@ -137,6 +137,9 @@ def relative_slo(setup: forecast.Setup, tok: Any, model: StepModel, ttft_x: floa
     return slo.SLO(ttft_ms=ttft_x * alone.ttft_s * 1e3, tpot_ms=tpot_x * alone.tpot_s * 1e3, percentile=90)
 
 
+MIN_POISSON_REQUESTS = 8  # the fewest requests a Poisson rate sends: its p90 is then between the 7th and 8th slowest
+
+
 def grid_sizes(quick: bool) -> dict[str, Any]:
     """The held-out grid's sizes: quick mode (≥ 8 points) or full (≥ 30); lab L10 takes each as a parameter."""
     if quick:
@@ -157,7 +160,8 @@ def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: lis
                   overload_window_s: float | None = None, alone_requests: int = 3) -> list[GridPoint]:
     """The held-out points (``grid_sizes``), none a calibration composition. ``toks`` maps each engine key ("main",
     each budget's key, "second") to its tokenizer; Poisson rates are fractions of ``capacity_rps``, each with as many
-    requests as arrive in ``poisson_window_s`` at that rate (at least 10, at most ``poisson_requests``): the same
+    requests as arrive in ``poisson_window_s`` at that rate (at least ``MIN_POISSON_REQUESTS``, at most
+    ``poisson_requests``): the same
     traffic shape and wall time on a fast machine and a slow one. A rate above capacity sends what arrives in
     ``overload_window_s`` (default: the same window): its queue needs time to build. With a "spec" engine, one
     speculation point (four edits submitted together, ``speculation_k`` draft tokens per step, twice the output
@@ -170,8 +174,9 @@ def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: lis
     grid += [_batch(tok, f"batch {n} × {p}", "batch", "main", n, p, out, seed=30 + i) for i, (n, p) in enumerate(batches)]
     grid += [long_during_decodes(toks[e], e, b, n, seed=50 + i) for e, b in budgets.items() for i, n in enumerate(long_prompts)]
     grid += [shared_prefix(tok, p, 6 if len(prefixes) == 1 else 8, 0.2, seed=70 + i) for i, p in enumerate(prefixes)]
-    grid += [poisson(tok, f * capacity_rps, int(min(poisson_requests, max(10, f * capacity_rps * window(f)))), f,
-                     seed=90 + i) for i, f in enumerate(rate_fractions)]
+    for i, f in enumerate(rate_fractions):
+        n = int(min(poisson_requests, max(MIN_POISSON_REQUESTS, f * capacity_rps * window(f))))
+        grid.append(poisson(tok, f * capacity_rps, n, f, seed=90 + i))
     if "second" in toks:
         grid += [_batch(toks["second"], f"second model, batch {n}", "second model", "second", n, 320, out, seed=110 + n)
                  for n in second_batches]
@@ -191,10 +196,10 @@ def predicted_seconds(point: GridPoint, setup: forecast.Setup, model: StepModel)
 def grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, Any], setups: dict[str, forecast.Setup],
                   models: dict[str, StepModel], target_s: float, min_output_tokens: int = 16) -> tuple[list[GridPoint], pd.Series]:
     """The held-out grid whose forecast measuring time fits ``target_s``: the Poisson window of the rates below
-    capacity (the part of the grid whose time is set in seconds) shortened as far as needed, never below 10 requests
-    per rate; a rate above capacity keeps the whole window (a short burst meets any SLO: its queue must have time to
-    grow). Where that is not enough (a slow machine), every request writes ``min_output_tokens`` instead, and where
-    even that is not, each prompt length alone runs twice instead of three times; the points stay the same. The grid,
+    capacity (the part of the grid whose time is set in seconds) shortened as far as needed, never below
+    ``MIN_POISSON_REQUESTS`` per rate; a rate above capacity keeps the whole window (a short burst meets any SLO: its
+    queue must have time to grow). Where that is not enough (a slow machine), every request writes
+    ``min_output_tokens`` instead, and where even that is not, each prompt length alone runs twice instead of three times; the points stay the same. The grid,
     and each point's forecast seconds (the lesson prints both)."""
     grid, seconds = _grid_for_time(toks, capacity_rps, sizes, setups, models, target_s)
     for fewer in ({"output_tokens": min(min_output_tokens, sizes["output_tokens"])}, {"alone_requests": 2}):

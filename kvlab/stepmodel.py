@@ -447,18 +447,20 @@ def calibrate(llm: Any, quick: bool = False, limits: MachineLimits | None = None
 
 #: How long a saved calibration stands for the same machine, model and engine settings (a later lesson's, or a rerun).
 REUSE_HOURS = 6.0
+CALIBRATION_FORMAT = "2"  # raised when a saved calibration's fields change meaning (2: one whole-run error per point)
 
 
 def reuse_key(llm: Any, quick: bool) -> dict[str, str]:
     """What a step's duration depends on: the machine and its threads, the model and its dtype, eager or compiled,
-    the KV cache's dtype and blocks, vLLM's version. Scheduler settings (token budget, prefix caching, context) are
-    not in it: they change which steps run, not how long a step of a given composition takes."""
+    the KV cache's dtype and blocks, vLLM's version (and the calibration's format). Scheduler settings (token budget,
+    prefix caching, context) are not in it: they change which steps run, not how long a step of a given composition
+    takes."""
     vllm_config = llm.llm_engine.vllm_config
     machine = env_report()
     return {"model": str(getattr(llm, "kvlab_settings", {}).get("model", vllm_config.model_config.model)),
             "dtype": str(vllm_config.model_config.dtype), "eager": str(vllm_config.model_config.enforce_eager),
             "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype), "block_size": str(kv_capacity(llm).block_size),
-            "sweep": "quick" if quick else "full",
+            "sweep": "quick" if quick else "full", "format": CALIBRATION_FORMAT,
             **{k: machine[k] for k in ("cpu", "cpu flags (vector/matrix)", "cores usable", "torch", "vllm",
                                        "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")}}
 

@@ -321,12 +321,13 @@ print(f"client TTFT − engine TTFT: {gap_ms.min():.1f} to {gap_ms.max():.1f} ms
 # the kernels launched per layer) stays the same and only the bytes change. If **TPOT = overhead + bytes ÷ bandwidth**,
 # a straight line through (bytes per step, TPOT) gives both: the intercept is the engine's fixed cost per step on this
 # machine, the slope's inverse the bandwidth decode really achieves. One engine per width (eager on CPU), one
-# cold request at a time; the main engine is closed first so nothing else runs.
+# cold request at a time, as many repeats as section 3 could afford here; the main engine is closed first so nothing
+# else runs.
 
 # %%
 kvlab.close_engine(llm)
 widths = prefill_decode.decode_by_width([1, 1.34, 2], prompt_tokens=128,
-                                     output_tokens=kvlab.pick(32, 16), repeats=kvlab.pick(5, 3), min_repeats=3)
+                                     output_tokens=kvlab.pick(32, 16), repeats=repeats, min_repeats=3)  # section 3's
 clean = kvlab.outliers.clean(widths)
 fit = roofline.fit_decode(clean.step_bytes, clean.tpot_s)
 # the bandwidth peak once more, now, beside the fit: a shared machine's bandwidth drifts over minutes (29–59 GB/s seen here)

@@ -145,7 +145,7 @@ print(f"SLO: {objective.describe()}; forecast maximum sustainable rate: {capacit
 #
 # The forecast also says how long measuring will take, so the grid is sized from it before anything runs: on a slower
 # machine the Poisson rates below capacity (the points whose length is set in seconds) send the requests of a shorter
-# window, never fewer than 10 per rate; the rate above capacity keeps its whole window (a short burst meets any SLO:
+# window, never fewer than 8 per rate; the rate above capacity keeps its whole window (a short burst meets any SLO:
 # the queue needs time to grow), and every other point is the same everywhere — except that on a machine too slow
 # even then, every request writes 16 tokens instead of 24, and, slower still, each prompt length alone runs twice
 # instead of three times.

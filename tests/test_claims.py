@@ -34,3 +34,19 @@ def test_the_report_lists_the_takeaways_that_did_not_hold(tmp_path):
     assert "throughput fell from 95 to 77 tok/s" in listed and "TTFT fell" not in listed
     runs[0].claims = [held]
     assert "Every takeaway the lessons state from their numbers held" in build.write_index(runs, tmp_path).read_text()
+
+
+def test_reference_lesson_times_cover_every_lesson_and_sit_beside_a_full_build(tmp_path, monkeypatch):
+    lessons = {p.stem for p in build.lessons()}
+    references = build.reference_times()
+    assert len(references) >= 2, references  # a bf16 run and a float32 run at least
+    for name, times in references.items():
+        assert set(times) == lessons, (name, lessons ^ set(times))
+        assert all(t > 0 for t in times.values()), name
+    runs = [build.NotebookRun("05_batching", "05", True, 60.0, Path(tmp_path / "none.ipynb"), None)]
+    monkeypatch.delenv("KVLAB_QUICK", raising=False)
+    full = build.write_index(runs, tmp_path).read_text()
+    first = next(iter(references))
+    assert f"reference: {first}" in full and f"<td>{references[first]['05_batching']:.0f} s</td>" in full
+    monkeypatch.setenv("KVLAB_QUICK", "1")
+    assert "<th>reference:" not in build.write_index(runs, tmp_path).read_text()  # quick-mode times are not comparable

@@ -204,6 +204,7 @@ def test_backlog_growth_is_arrivals_minus_completions_over_its_window():
 @pytest.mark.parametrize(("passes_below", "added"), [(0.0, []), (6.0, [8.0]), (100.0, [8.0, 16.0])])
 def test_a_top_rate_whose_queue_grew_but_still_met_the_slo_is_doubled(monkeypatch, passes_below, added):
     monkeypatch.setattr(loadtest, "run_open_loop", lambda llm, maker, rates, *a, **k: queue(rates[0], 3.0))
+    monkeypatch.setattr(slo, "vllm_goodput", lambda run, objective: {})  # rate_table's other columns: not used here
     monkeypatch.setattr(slo, "rate_point", lambda run, objective: {"meets_slo": run.rate_rps.max() < passes_below,
                                                                    "goodput_rps": 10.0 / run.rate_rps.max()})
     swept = loadtest.extend_to_overload(None, None, queue(4.0, 3.0), seconds=5, objective=slo.SLO(ttft_ms=1.0, tpot_ms=1.0))
@@ -216,6 +217,7 @@ def test_a_top_rate_where_goodput_still_peaks_is_doubled(monkeypatch, peak_rps, 
     beyond the sweep (measured: 24.5 req/s kept 46 % attainment and out-earned 12.2 req/s at 100 %)."""
     monkeypatch.setattr(loadtest, "run_open_loop", lambda llm, maker, rates, *a, **k: queue(rates[0], 3.0))
     lower = queue(2.0, 3.0)
+    monkeypatch.setattr(slo, "vllm_goodput", lambda run, objective: {})
     monkeypatch.setattr(slo, "rate_point", lambda run, objective: {
         "meets_slo": False, "goodput_rps": min(run.rate_rps.max(), peak_rps) - (run.rate_rps.max() > peak_rps)})
     swept = loadtest.extend_to_overload(None, None, pd.concat([lower, queue(4.0, 3.0)]), seconds=5,

@@ -236,6 +236,24 @@ def machine_line() -> str:
             f"model dtype {dtype} ({why})")
 
 
+REFERENCE_NOTE = (" Reference: the same full-mode lessons on other machines (<code>data/reference/lesson_times.csv</code>); "
+                  "the budget is 6 minutes a lesson and 25 for the course, on a bf16-capable CPU and on an AVX2-only "
+                  "one running float32.")
+LESSON_TIMES = config.REPO_ROOT / "data" / "reference" / "lesson_times.csv"
+
+
+def reference_times(path: Path = LESSON_TIMES) -> dict[str, dict[str, float]]:
+    """Full-mode lesson times measured on other machines (``data/reference/lesson_times.csv``): {"machine, dtype
+    (date)": {lesson: seconds}} — the report sets a full build's times beside them, so both CPU kinds are in view."""
+    import csv
+
+    times: dict[str, dict[str, float]] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            times.setdefault(f"{row['machine']}, {row['dtype']} ({row['date']})", {})[row["lesson"]] = float(row["seconds"])
+    return times
+
+
 def missed_section(runs: list[NotebookRun]) -> str:
     """The report's list of takeaways that did not hold on this build, each with what the lesson printed instead."""
     items = [f"<li><b>{html.escape(r.name)}</b>: expected “{html.escape(c['claim'])}” — this build: "
@@ -293,6 +311,7 @@ def write_index(runs: list[NotebookRun], out: Path) -> Path:
     from plotly.offline import get_plotlyjs
 
     rows, sections = [], []
+    references = {} if config.quick() else reference_times()  # quick-mode times are not comparable with them
     for r in runs:
         link = f'<a href="html/{r.html.name}">{html.escape(r.title)}</a>' if r.html else html.escape(r.title)
         status = "ran top to bottom" if r.ok else f"failed: {html.escape(r.error)}"
@@ -300,7 +319,9 @@ def write_index(runs: list[NotebookRun], out: Path) -> Path:
             status += f"; {len(r.claims) - len(r.missed)} of {len(r.claims)} takeaways held"
         rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{link}</td><td class='{'ok' if r.ok else 'bad'}'>{status}</td>"
                     f"<td>{r.seconds:.0f} s</td><td>{r.startup_s:.0f} s ({r.startups})</td>"
-                    f"<td>{r.seconds - r.startup_s:.0f} s</td></tr>")
+                    f"<td>{r.seconds - r.startup_s:.0f} s</td>"
+                    + "".join(f"<td>{t[r.name]:.0f} s</td>" if r.name in t else "<td>—</td>" for t in references.values())
+                    + "</tr>")
         figure, summary = highlights(r.executed) if r.executed.exists() else ("", "")
         if figure or summary:
             sections.append(f"<section><h2>{link}</h2><div class='fig'>{figure}</div>"
@@ -317,13 +338,14 @@ table{{border-collapse:collapse;width:100%}}td,th{{border-bottom:1px solid #ddd;
 <p>Built {time.strftime('%Y-%m-%d %H:%M')} in {mode} mode with model <code>{html.escape(config.model_name())}</code>.
 Every number and figure below was measured during this build, on this machine.</p>
 <table><tr><th>lesson</th><th>title</th><th>status</th><th>run time</th><th>start-ups (how many)</th>
-<th>measurement and the rest</th></tr>
+<th>measurement and the rest</th>{''.join(f"<th>reference: {html.escape(k)}</th>" for k in references)}</tr>
 {''.join(rows)}
 <tr><th colspan="3">whole course</th><th>{sum(r.seconds for r in runs):.0f} s</th>
-<th>{sum(r.startup_s for r in runs):.0f} s</th><th>{sum(r.seconds - r.startup_s for r in runs):.0f} s</th></tr>
+<th>{sum(r.startup_s for r in runs):.0f} s</th><th>{sum(r.seconds - r.startup_s for r in runs):.0f} s</th>
+{''.join(f"<th>{sum(t.values()):.0f} s</th>" for t in references.values())}</tr>
 </table>
 <p>Start-ups: engines (<code>make_engine</code>) and services (vLLM server, gateway, Redis) starting, as each recorded
-it; two started side by side count twice.</p>
+it; two started side by side count twice.{REFERENCE_NOTE if references else ""}</p>
 {missed_section(runs)}
 {''.join(sections)}
 </body></html>"""

@@ -78,7 +78,7 @@ LAB = Lab(
         Param("rate_fractions", [0.4, 0.7, 0.95, 1.25], "Poisson rates as fractions of the forecast capacity",
               positive=True, quick=first_and_last()),
         Param("poisson_requests", 24, "most requests per Poisson rate", positive=True, quick=at_most(16)),
-        Param("poisson_window_s", 25.0, "each Poisson rate sends the requests that arrive in this many seconds (at least 10)",
+        Param("poisson_window_s", 25.0, "each Poisson rate sends the requests that arrive in this many seconds (at least 8)",
               positive=True, quick=at_most(15.0)),
         Param("output_tokens", 24, "output tokens per request (exact)", positive=True, quick=at_most(16)),
         Param("ttft_slo_x", 3.0, "SLO: TTFT p90 within this many times the forecast unloaded TTFT", positive=True),
