@@ -273,11 +273,16 @@ fig.show()
 # the rest waiting, and if running sequences grow past the budget it **preempts** one — another running request, the
 # last admitted — freeing its blocks; admitted again later, it finds part of its prompt in the prefix cache and
 # recomputes the rest (lesson 08 counts both).
-# We give a second engine a budget of a few blocks and predict, from lesson 01's arithmetic, how many sequences fit.
+# We give a second engine a budget of a few blocks — 0.05 GiB, or room for eight of these sequences and one full
+# 1,024-token context where this model and dtype need more (the engine refuses a pool smaller than one context) — and
+# predict, from lesson 01's arithmetic, how many sequences fit.
 
 # %%
+main_cap = kvlab.kv_capacity(llm)
 kvlab.close_engine(llm)
-tight = kvlab.make_engine(enable_prefix_caching=False, enforce_eager=True, max_model_len=1024, kv_cache_gib=0.05)
+pool_blocks = kvlab.sizing.blocks_needed(max(1024, 8 * (prompt_tokens + output_tokens)), main_cap.block_size) + 1
+tight = kvlab.make_engine(enable_prefix_caching=False, enforce_eager=True, max_model_len=1024,
+                          kv_cache_gib=max(0.05, pool_blocks * main_cap.bytes_per_block / 2**30))
 cap = kvlab.kv_capacity(tight)
 blocks_per_seq = kvlab.sizing.blocks_needed(prompt_tokens + output_tokens, cap.block_size)  # whole blocks, rounded up
 predicted = kvlab.sizing.sequences_that_fit(cap.num_blocks, cap.block_size, prompt_tokens + output_tokens)

@@ -39,10 +39,10 @@ def test_the_report_lists_the_takeaways_that_did_not_hold(tmp_path):
 def test_reference_lesson_times_cover_every_lesson_and_sit_beside_a_full_build(tmp_path, monkeypatch):
     lessons = {p.stem for p in build.lessons()}
     references = build.reference_times()
-    assert len(references) >= 2, references  # a bf16 run and a float32 run at least
     for name, times in references.items():
-        assert set(times) == lessons, (name, lessons ^ set(times))
-        assert all(t > 0 for t in times.values()), name
+        assert set(times) <= lessons and all(t > 0 for t in times.values()), (name, set(times) - lessons)
+    for dtype in ("bfloat16", "float32"):  # every lesson timed in both dtypes (an older machine's rows may lack one)
+        assert any(f", {dtype} (" in name and set(times) == lessons for name, times in references.items()), dtype
     runs = [build.NotebookRun("05_batching", "05", True, 60.0, Path(tmp_path / "none.ipynb"), None)]
     monkeypatch.delenv("KVLAB_QUICK", raising=False)
     full = build.write_index(runs, tmp_path).read_text()
