@@ -161,11 +161,10 @@ def held_out_grid(toks: dict[str, Any], capacity_rps: float, prompt_lengths: lis
     """The held-out points (``grid_sizes``), none a calibration composition. ``toks`` maps each engine key ("main",
     each budget's key, "second") to its tokenizer; Poisson rates are fractions of ``capacity_rps``, each with as many
     requests as arrive in ``poisson_window_s`` at that rate (at least ``MIN_POISSON_REQUESTS``, at most
-    ``poisson_requests``): the same
-    traffic shape and wall time on a fast machine and a slow one. A rate above capacity sends what arrives in
-    ``overload_window_s`` (default: the same window): its queue needs time to build. With a "spec" engine, one
-    speculation point (four edits submitted together, ``speculation_k`` draft tokens per step, twice the output
-    tokens). Each prompt length alone is run ``alone_requests`` times."""
+    ``poisson_requests``): the same traffic shape and wall time on a fast machine and a slow one. A rate above
+    capacity sends what arrives in ``overload_window_s`` (default: the same window): its queue needs time to build.
+    With a "spec" engine, one speculation point (four edits submitted together, ``speculation_k`` draft tokens per
+    step, twice the output tokens). Each prompt length alone is run ``alone_requests`` times."""
     def window(f: float) -> float:
         return overload_window_s if f > 1 and overload_window_s else poisson_window_s
 
@@ -199,8 +198,8 @@ def grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, An
     capacity (the part of the grid whose time is set in seconds) shortened as far as needed, never below
     ``MIN_POISSON_REQUESTS`` per rate; a rate above capacity keeps the whole window (a short burst meets any SLO: its
     queue must have time to grow). Where that is not enough (a slow machine), every request writes
-    ``min_output_tokens`` instead, and where even that is not, each prompt length alone runs twice instead of three times; the points stay the same. The grid,
-    and each point's forecast seconds (the lesson prints both)."""
+    ``min_output_tokens`` instead, and where even that is not, each prompt length alone runs twice instead of three
+    times; the points stay the same. The grid, and each point's forecast seconds (the lesson prints both)."""
     grid, seconds = _grid_for_time(toks, capacity_rps, sizes, setups, models, target_s)
     for fewer in ({"output_tokens": min(min_output_tokens, sizes["output_tokens"])}, {"alone_requests": 2}):
         if seconds.sum() <= target_s:
