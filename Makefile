@@ -23,7 +23,7 @@ test: setup browser redis
 
 test-models: export KVLAB_EXTRAS = dev,ray
 test-models: setup redis  ## every lesson on the hybrid, the second and the base model (CI runs it too)
-	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests/test_second_model.py -m models --durations=20
+	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests/test_second_model.py -m models --durations=20 -rs
 
 unit: export KVLAB_EXTRAS = dev
 unit: setup  ## the tests that need no engine and no notebook kernel: under a minute

@@ -422,7 +422,7 @@ def max_rate(setup: Setup, make: Any, model: StepModel, objective: slo.SLO, lo: 
         return bool(slo.rate_point(slo.steady_state(run), objective)["meets_slo"])
 
     if not meets(lo):
-        raise KVLabError(f"Even {lo:.2f} req/s misses the SLO in the forecast; loosen the SLO or shorten the requests.")
+        raise KVLabError(f"Even {lo:.3g} req/s misses the SLO in the forecast; loosen the SLO or shorten the requests.")
     while meets(hi):
         lo, hi = hi, hi * 2
     for _ in range(iters):

@@ -130,11 +130,16 @@ def poisson_maker(tok: Any, requests: int, seed: int) -> Any:
     return lambda rate: poisson(tok, rate, requests, 0.0, seed).arrivals
 
 
+def alone(setup: forecast.Setup, tok: Any, model: StepModel) -> pd.Series:
+    """The forecast of one Poisson-traffic request with the engine to itself (TTFT, TPOT, E2E …)."""
+    return forecast.simulate(setup, poisson(tok, 1.0, 1, 0.0, 7).arrivals, model).requests.iloc[0]
+
+
 def relative_slo(setup: forecast.Setup, tok: Any, model: StepModel, ttft_x: float = 3.0, tpot_x: float = 2.0) -> slo.SLO:
     """The SLO of the Poisson traffic, from its forecast unloaded: TTFT p90 ≤ ``ttft_x`` × and TPOT p90 ≤ ``tpot_x`` ×
     one request alone."""
-    alone = forecast.simulate(setup, poisson(tok, 1.0, 1, 0.0, 7).arrivals, model).requests.iloc[0]
-    return slo.SLO(ttft_ms=ttft_x * alone.ttft_s * 1e3, tpot_ms=tpot_x * alone.tpot_s * 1e3, percentile=90)
+    one = alone(setup, tok, model)
+    return slo.SLO(ttft_ms=ttft_x * one.ttft_s * 1e3, tpot_ms=tpot_x * one.tpot_s * 1e3, percentile=90)
 
 
 MIN_POISSON_REQUESTS = 8  # the fewest requests a Poisson rate sends: its p90 is then between the 7th and 8th slowest
@@ -437,9 +442,12 @@ def summary(card: pd.DataFrame) -> pd.DataFrame:
 def capacity(setup: forecast.Setup, tok: Any, model: StepModel, objective: slo.SLO, requests: int,
              seeds: int = 8) -> dict[str, float]:
     """The forecast maximum sustainable rate of the Poisson traffic, over ``seeds`` arrival draws: the median and the
-    10th–90th percentile (the arrival process alone moves a p90 over a few dozen requests)."""
-    rates = [forecast.max_rate(setup, poisson_maker(tok, requests, 90 + 1000 * s), model, objective, 0.1, 1.0)
-             for s in range(seeds)]
+    10th–90th percentile (the arrival process alone moves a p90 over a few dozen requests). The search starts where
+    the engine would be busy a tenth of the time (0.1 ÷ one request's E2E alone) and doubles past one request per E2E
+    while the SLO holds: the same shape of search on a fast machine and on a slow one."""
+    per_e2e = 1.0 / float(alone(setup, tok, model).e2e_s)  # req/s that keep the engine busy with one request at a time
+    rates = [forecast.max_rate(setup, poisson_maker(tok, requests, 90 + 1000 * s), model, objective, 0.1 * per_e2e,
+                               per_e2e) for s in range(seeds)]
     return {"rate": float(np.median(rates)), "lo80": float(np.percentile(rates, 10)), "hi80": float(np.percentile(rates, 90))}
 
 

@@ -3,7 +3,9 @@ heads on 2 KV heads, 24 layers, random weights, made locally) through lessons 00
 model (OPT: no chat template, multi-head attention), through lessons 01-09 (00 runs on it in the course build's test,
 tests/test_course.py); a fourth, the hybrid model (Gemma-3's local:global: six KV cache groups), through lessons 00-09.
 Labs whose own test already runs them on the second model (``ELSEWHERE``) are not run twice: one run per lab covers
-both. The lesson runs are marked ``models``: ``make test-models`` (CI runs it after ``make test``)."""
+both. The lesson runs are marked ``models``: ``make test-models`` (CI runs it after ``make test``), in the order of
+this file — the second model, the hybrid, then the base model — so that CI's deadline (``KVLAB_CI_DEADLINE``,
+tests/conftest.py) reaches the base model's runs first on a slow machine."""
 
 from __future__ import annotations
 
@@ -99,17 +101,6 @@ def test_labs_run_with_the_second_model(lab, second_model, tmp_path, monkeypatch
     assert len(pd.read_parquet(out / "results.parquet")) > 0
 
 
-@pytest.mark.models
-@pytest.mark.parametrize("lesson", LESSONS[1:])  # lesson 00 runs on it in the course build's test
-def test_lessons_run_unedited_with_the_base_model(lesson, tmp_path, monkeypatch):
-    """Every lesson on OPT — no chat template (the course's fallback template serves its chats), one KV head per query
-    head, learned positions — with its own checks; the model that ran is the one named."""
-    text = run_lesson(lesson, model.BASE_MODEL, tmp_path, monkeypatch)
-    assert model.BASE_MODEL in text
-    if lesson.startswith("01"):  # OPT has no setting for fewer KV heads: the lesson says so instead of varying them
-        assert "the MHA and MQA copies are skipped" in text, text[-2000:]
-
-
 def test_the_hybrid_model_has_sliding_and_full_attention_layers():
     from kvlab import sizing
     from kvlab.runtime import randomweights
@@ -135,3 +126,25 @@ def test_lessons_run_unedited_on_the_hybrid_model(lesson, tmp_path, monkeypatch)
 
 def test_every_lesson_runs_on_the_hybrid_model():
     assert LESSONS == [f"{n:02d}_{p.split('_', 1)[1]}" for n, p in enumerate(LESSONS)] and len(LESSONS) == 10, LESSONS
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("lesson", LESSONS[1:])  # lesson 00 runs on it in the course build's test
+def test_lessons_run_unedited_with_the_base_model(lesson, tmp_path, monkeypatch):
+    """Every lesson on OPT — no chat template (the course's fallback template serves its chats), one KV head per query
+    head, learned positions — with its own checks; the model that ran is the one named."""
+    text = run_lesson(lesson, model.BASE_MODEL, tmp_path, monkeypatch)
+    assert model.BASE_MODEL in text
+    if lesson.startswith("01"):  # OPT has no setting for fewer KV heads: the lesson says so instead of varying them
+        assert "the MHA and MQA copies are skipped" in text, text[-2000:]
+
+
+def test_ci_starts_no_lesson_run_that_would_end_past_its_deadline():
+    """tests/conftest.py's guard for ``make test-models`` in CI (``.ci/run`` sets ``KVLAB_CI_DEADLINE``)."""
+    from conftest import FIRST_MODEL_RUN_S, deadline_reason
+
+    assert deadline_reason(0.0, 2 * FIRST_MODEL_RUN_S, []) is None
+    assert "not started" in deadline_reason(0.0, FIRST_MODEL_RUN_S, [])  # under 1.25 × the assumed first run
+    assert deadline_reason(1000.0, 1130.0, [60.0, 100.0]) is None  # 130 s left ≥ 1.25 × the slowest run so far
+    assert "0.2 min left" in deadline_reason(1000.0, 1010.0, [60.0, 100.0])
+    assert "KVLAB_CI_DEADLINE" in (config.REPO_ROOT / ".ci" / "run").read_text()
