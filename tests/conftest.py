@@ -119,12 +119,12 @@ _MODEL_RUNS: list[float] = []
 def deadline_reason(now: float, deadline: float, runs_s: list[float]) -> str | None:
     """Why a ``models`` lesson run should not start with CI's deadline (unix time) at ``deadline``: when the time left
     is under 1.25 × the slowest such run so far (``FIRST_MODEL_RUN_S`` before any). None: start it."""
-    need = 1.25 * max(runs_s, default=FIRST_MODEL_RUN_S)
+    slowest = max(runs_s, default=FIRST_MODEL_RUN_S)
     left = deadline - now
-    if left >= need:
+    if left >= 1.25 * slowest:
         return None
     return (f"CI deadline (KVLAB_CI_DEADLINE): {max(left, 0) / 60:.1f} min left, a lesson run here takes up to "
-            f"{need / 60 / 1.25:.1f} min; not started, so the run ends inside CI's limit with every result it has")
+            f"{slowest / 60:.1f} min; not started, so the run ends inside CI's limit with every result it has")
 
 
 def pytest_runtest_logreport(report):
