@@ -19,7 +19,7 @@ preview: setup  ## the course's pages from the notebooks as written, no executio
 
 test: export KVLAB_EXTRAS = dev,ray
 test: setup browser redis
-	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax -m "not models" --durations=20
+	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests notebooks --nbval-lax -m "not models" --durations=20 -rs
 
 test-models: export KVLAB_EXTRAS = dev,ray
 test-models: setup redis  ## every lesson on the hybrid, the second and the base model (CI runs it too)

@@ -471,20 +471,41 @@ def saved_path(key: dict[str, str]) -> Path:
     return config.build_dir() / "step_models" / f"{digest}.json"
 
 
+#: How far (as a fraction) this machine's speed now may be from a saved calibration's before it is measured anew.
+REUSE_SPEED_TOLERANCE = 0.15
+
+
+def speed_now(llm: Any, model: StepModel, steps: int = 8) -> float:
+    """The machine's speed now, as ``model`` sees it: 4 sequences of 64 prompt tokens decoding ``steps`` tokens, their
+    steps' measured ÷ predicted time (1.0: as calibrated). Two cloud machines with the same CPU report can differ 1.6×."""
+    prompts = distinct_prompts(llm.get_tokenizer(), 64, 4, seed=77)
+    run_recorded(llm, prompts, 2)  # untimed: an engine's first steps after start-up run slower
+    measured = run_recorded(llm, prompts, steps)
+    llm.reset_prefix_cache()
+    terms = model.attribution(measured)
+    return float(terms.measured_ms.sum() / terms.predicted_ms.sum())
+
+
 def calibrated(llm: Any, quick: bool = True, limits: MachineLimits | None = None, fresh: bool = False) -> StepModel:
     """This engine's step model: the calibration an earlier lesson saved for the same machine, model and engine
-    settings in the last ``REUSE_HOURS`` (so the sweep is not measured twice), else ``calibrate`` now and save it.
-    Prints which, and how old; ``fresh=True`` always measures again."""
+    settings in the last ``REUSE_HOURS`` (so the sweep is not measured twice), if a short check (``speed_now``) finds
+    the machine as fast as it was then; else ``calibrate`` now and save it. Prints which, and how old; ``fresh=True``
+    always measures again."""
     key = reuse_key(llm, quick)
     path = saved_path(key)
     age_s = time.time() - path.stat().st_mtime if path.exists() else math.inf
     if not fresh and age_s <= REUSE_HOURS * 3600:
         model = StepModel.from_json(path)
-        if model.meta.get("reuse_key") == key:
-            model.meta["reused"] = {"path": str(path), "age_s": round(age_s)}
+        speed = speed_now(llm, model) if model.meta.get("reuse_key") == key else 1.0
+        if abs(speed - 1) > REUSE_SPEED_TOLERANCE:
+            print(f"Step model: the calibration saved {age_s / 60:.0f} min ago for this machine's report runs "
+                  f"{speed:.2f}× as long here now (another machine of the same kind, or a busy spell): measured anew.")
+        elif model.meta.get("reuse_key") == key:
+            model.meta["reused"] = {"path": str(path), "age_s": round(age_s), "speed_now": round(speed, 3)}
             print(f"Step model: the calibration saved {age_s / 60:.0f} min ago on this machine, model and engine "
                   f"settings ({model.meta.get('steps_recorded', '?')} steps of {model.meta.get('compositions', '?')} "
-                  f"compositions), reused from {path}; calibrated(..., fresh=True) measures it again.")
+                  f"compositions; a check step ran {speed:.2f}× its prediction now), reused from {path}; "
+                  f"calibrated(..., fresh=True) measures it again.")
             return model
     started = time.perf_counter()
     model = calibrate(llm, quick=quick, limits=limits)

@@ -166,7 +166,7 @@ print(f"From 1 to {shared} sequences, decode throughput rose {rose:.1f}×: {fixe
 long_sizes = [1, long_batch]
 long_recorder = stepmodel.StepRecorder(llm)
 with long_recorder.recording():
-    long_batches = batching.batch_sweep(llm, long_sizes, long_prompt, output_tokens, repeats=3)  # batch 1: median of 3
+    long_batches = batching.batch_sweep(llm, long_sizes, long_prompt, output_tokens, repeats=kvlab.pick(3, 2))  # medians of 3 (quick: 2)
 long_summary = batching.batch_summary(long_batches)
 cost = roofline.engine_cost(llm)
 rows = []

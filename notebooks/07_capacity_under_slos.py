@@ -241,8 +241,12 @@ pd.DataFrame(rows).round(2)
 
 # %%
 chat_alone, shared = rows[0][f"chat TTFT {q} (ms)"], rows[1][f"chat TTFT {q} (ms)"]
-print(f"chat TTFT {q}: {chat_alone:.0f} ms alone → {shared:.0f} ms with {batch_jobs} batch jobs on the same engine ({shared / chat_alone:.1f}×)")
-assert shared >= 2 * chat_alone, rows
+tpot_alone, tpot_shared = rows[0][f"chat TPOT {q} (ms)"], rows[1][f"chat TPOT {q} (ms)"]
+print(f"{rows[1]['chat requests']} chats: TTFT {q} {chat_alone:.0f} ms alone → {shared:.0f} ms with {batch_jobs} batch jobs on "
+      f"the same engine ({shared / chat_alone:.1f}×); TPOT {q} {tpot_alone:.0f} → {tpot_shared:.0f} ms ({tpot_shared / tpot_alone:.1f}×)")
+# A chat that arrives before the burst waits in no queue but decodes in the burst's long prefill steps (its TPOT
+# grows); one that arrives during it waits for those steps first (its TTFT grows): either way chat is hurt.
+assert max(shared / chat_alone, tpot_shared / tpot_alone) >= 2, rows
 
 # %% [markdown]
 # ## 7. Four ways to keep chat fast, measured on the same traffic
@@ -337,7 +341,8 @@ Markdown(f"""
 - The **maximum sustainable rate** under the SLO: **{sustainable['rate'] or 0:.2f} req/s**; goodput peaked at
   {knee:.2f} req/s ({at_knee.goodput_rps:.2f} good requests/s). At {top.rate_rps:.2f} req/s throughput was still
   higher ({top.throughput_rps:.2f} vs {at_knee.throughput_rps:.2f} req/s) while goodput fell to {top.goodput_rps:.2f}.
-- Chat TTFT {q} was {chat_alone:.0f} ms alone and **{shared:.0f} ms** with {batch_jobs} batch jobs on the same engine;
+- Chat TTFT {q} was {chat_alone:.0f} ms alone and **{shared:.0f} ms** with {batch_jobs} batch jobs on the same engine
+  (TPOT {q} {tpot_alone:.0f} → {tpot_shared:.0f} ms);
   priority scheduling gave {prio_p95:.0f} ms; {best_words} **{best.setting}**
   ({best[f"chat TTFT {q} (ms)"]:.0f} ms, batch work {best["batch tokens/s"]:.0f} tokens/s against
   {m.loc["+ batch, FCFS", "batch tokens/s"]:.0f} on the shared FCFS engine).

@@ -127,21 +127,45 @@ def deadline_reason(now: float, deadline: float, runs_s: list[float]) -> str | N
             f"{slowest / 60:.1f} min; not started, so the run ends inside CI's limit with every result it has")
 
 
+#: Seconds each slow test file and lesson took in quick mode on the slowest CI machine seen: a 2-core AVX2-only EPYC
+#: in float32 (2026-12-05, CI of 99b542c; lessons 07-10, which that run did not reach, from another AVX2 run × 1.8).
+#: The deadline guard scales them by this run's own speed. Files not listed take under a minute there.
+SLOW_MACHINE_S = {
+    "tests/test_capacity.py": 96, "tests/test_engine.py": 86, "tests/test_forecast.py": 529, "tests/test_gateway.py": 100,
+    "tests/test_grid.py": 115, "tests/test_kvevents.py": 67, "tests/test_labs.py": 256, "tests/test_paged.py": 77,
+    "tests/test_serving.py": 218, "tests/test_speculative.py": 96, "tests/test_stepmodel.py": 582,
+    "notebooks/00_setup_and_first_tokens.ipynb": 75, "notebooks/01_kv_cache_by_hand.ipynb": 99,
+    "notebooks/02_prefill_vs_decode.ipynb": 320, "notebooks/03_prefix_caching.ipynb": 751,
+    "notebooks/04_chunked_prefill.ipynb": 319, "notebooks/05_batching.ipynb": 535,
+    "notebooks/06_serving_and_dashboards.ipynb": 464, "notebooks/07_capacity_under_slos.ipynb": 710,
+    "notebooks/08_inside_the_paged_kv_cache.ipynb": 290, "notebooks/09_speculative_decoding.ipynb": 310,
+    "notebooks/10_predict_then_measure.ipynb": 940,
+}
+_FILE_PLAN: dict[str, str | None] = {}  # file → why its engine tests and lesson cells are skipped (None: they run)
+_PACE = {"took": 0.0, "slow_machine": 0.0}  # listed files finished in this run: their seconds, and SLOW_MACHINE_S's
+
+
+def pace() -> float:
+    """This run's speed against the slow machine's table: seconds taken ÷ seconds listed, over the listed files done
+    (1.0 before any, so the first estimates are the slow machine's own)."""
+    return _PACE["took"] / _PACE["slow_machine"] if _PACE["slow_machine"] else 1.0
+
+
+def file_deadline_reason(now: float, deadline: float, listed_s: float, speed: float) -> str | None:
+    """Why a slow file's engine tests (or a lesson's cells) should not start with CI's deadline at ``deadline``: its
+    listed time × this run's speed, plus a tenth, would end past it. None: run it."""
+    expected = listed_s * speed
+    left = deadline - now
+    if left >= 1.1 * expected:
+        return None
+    return (f"CI deadline (KVLAB_CI_DEADLINE): {max(left, 0) / 60:.1f} min left, this file would take about "
+            f"{expected / 60:.1f} min here; not started, so the run ends inside CI's limit with every result it has")
+
+
 def pytest_runtest_logreport(report):
     """Each lesson run on another model that ran (a skipped one has no call phase): how long it took."""
     if report.when == "call" and "models" in report.keywords:
         _MODEL_RUNS.append(report.duration)
-
-
-def pytest_runtest_setup(item):
-    """With ``KVLAB_CI_DEADLINE`` set (``.ci/run`` sets it), a lesson run on another model (``models``) that would
-    likely end past it is skipped, with the reason: a slow machine's CI ends green and says what it left out, instead
-    of being killed at its limit with nothing reported."""
-    deadline = os.environ.get("KVLAB_CI_DEADLINE")
-    if deadline and item.get_closest_marker("models") is not None:
-        reason = deadline_reason(time.time(), float(deadline), _MODEL_RUNS)
-        if reason:
-            pytest.skip(reason)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -163,6 +187,9 @@ def pytest_runtest_protocol(item, nextitem):
     if nextitem is None or nextitem.nodeid.split("::")[0] != module:
         now = time.monotonic()
         took, _CLOCK["module_start"] = now - _CLOCK["module_start"], now
+        if module in SLOW_MACHINE_S and not _FILE_PLAN.get(module):  # run in full: it tells this machine's speed
+            _PACE["took"] += took
+            _PACE["slow_machine"] += SLOW_MACHINE_S[module]
         terminal = item.config.pluginmanager.get_plugin("terminalreporter")
         count, seconds = _startups()
         starts = f"{count - _CLOCK.get('starts', 0):.0f} start-ups, {seconds - _CLOCK.get('start_s', 0.0):.0f} s"
@@ -191,8 +218,35 @@ class _FiguresWithinTheirData:
             outcome.force_exception(AssertionError("a figure reaches far beyond its data: " + "; ".join(problems)))
 
 
+class _CIDeadline:
+    """The deadline guard as a plugin: a conftest's setup hooks reach only the tests below it, and the notebooks are
+    not under tests/."""
+
+    def pytest_runtest_setup(self, item):
+        """With ``KVLAB_CI_DEADLINE`` set (``.ci/run`` sets it), a lesson run on another model (``models``), or a slow
+        file's engine tests or lesson (``SLOW_MACHINE_S``), that would likely end past it is skipped, with the reason: a
+        slow machine's CI ends green and says what it left out, instead of being killed at its limit with nothing
+        reported."""
+        deadline = os.environ.get("KVLAB_CI_DEADLINE")
+        if not deadline:
+            return
+        if item.get_closest_marker("models") is not None:
+            reason = deadline_reason(time.time(), float(deadline), _MODEL_RUNS)
+            if reason:
+                pytest.skip(reason)
+            return
+        module = item.nodeid.split("::")[0]
+        heavy = module.endswith(".ipynb") or any(item.get_closest_marker(m) for m in ("engine", "notebook"))
+        if heavy and module in SLOW_MACHINE_S:
+            if module not in _FILE_PLAN:  # decided once per file: a lesson runs all its cells or none
+                _FILE_PLAN[module] = file_deadline_reason(time.time(), float(deadline), SLOW_MACHINE_S[module], pace())
+            if _FILE_PLAN[module]:
+                pytest.skip(_FILE_PLAN[module])
+
+
 def pytest_configure(config):
     config.pluginmanager.register(_FiguresWithinTheirData(), "kvlab-figures-within-their-data")
+    config.pluginmanager.register(_CIDeadline(), "kvlab-ci-deadline")
 
 
 @pytest.fixture(autouse=True)

@@ -148,3 +148,16 @@ def test_ci_starts_no_lesson_run_that_would_end_past_its_deadline():
     assert deadline_reason(1000.0, 1130.0, [60.0, 100.0]) is None  # 130 s left ≥ 1.25 × the slowest run so far
     assert "0.2 min left" in deadline_reason(1000.0, 1010.0, [60.0, 100.0])
     assert "KVLAB_CI_DEADLINE" in (config.REPO_ROOT / ".ci" / "run").read_text()
+
+
+def test_ci_starts_no_slow_file_that_would_end_past_its_deadline():
+    """The same guard for ``make test``'s slow files: each one's time on the slowest CI machine seen, scaled by how
+    fast this run has been so far, against the time left; every lesson and slow test file is in the table."""
+    from conftest import SLOW_MACHINE_S, file_deadline_reason
+
+    assert file_deadline_reason(0.0, 1000.0, 600.0, 1.0) is None  # 1,000 s left ≥ 1.1 × 600 s
+    assert "not started" in file_deadline_reason(0.0, 1000.0, 600.0, 2.0)  # this run is twice as slow: 1,200 s
+    assert file_deadline_reason(0.0, 1000.0, 1200.0, 0.5) is None  # and half as fast: 600 s
+    lessons = {f"notebooks/{p.stem}.ipynb" for p in (config.REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")}
+    assert lessons <= set(SLOW_MACHINE_S), lessons - set(SLOW_MACHINE_S)
+    assert all((config.REPO_ROOT / f).exists() for f in SLOW_MACHINE_S)

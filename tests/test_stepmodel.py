@@ -203,7 +203,8 @@ def test_a_plain_decode_step_is_one_sequence_one_token_no_draft():
 
 def test_a_saved_calibration_is_reused_only_for_the_same_key_and_while_recent(tmp_path, monkeypatch):
     """Lessons 02, 05, 09 and 10 share one calibration sweep: the second lesson loads what the first saved, a
-    different machine, model or engine setting (the key) calibrates anew, as does an old file or ``fresh=True``."""
+    different machine, model or engine setting (the key) calibrates anew, as does an old file, ``fresh=True``, or a
+    check step that runs more than 15 % off the saved calibration's prediction."""
     monkeypatch.setenv("KVLAB_BUILD_DIR", str(tmp_path))
     key = {"model": "m", "dtype": "torch.bfloat16", "cpu": "c"}
     monkeypatch.setattr(stepmodel, "reuse_key", lambda llm, quick: key | {"engine": llm})
@@ -214,6 +215,8 @@ def test_a_saved_calibration_is_reused_only_for_the_same_key_and_while_recent(tm
         return stepmodel.fit(synthetic("sum", SUM, 0.01, seed=len(runs)), COST, LIMITS, meta={"steps_recorded": 3, "compositions": 2})
 
     monkeypatch.setattr(stepmodel, "calibrate", fake_calibrate)
+    speed = {"now": 1.05}
+    monkeypatch.setattr(stepmodel, "speed_now", lambda llm, model: speed["now"])
     first = stepmodel.calibrated("eager")
     again = stepmodel.calibrated("eager")
     assert runs == ["eager"] and again.meta["reused"]["age_s"] >= 0
@@ -226,3 +229,6 @@ def test_a_saved_calibration_is_reused_only_for_the_same_key_and_while_recent(tm
     os.utime(path, (old, old))
     stepmodel.calibrated("eager")
     assert runs[-1] == "eager" and len(runs) == 4
+    speed["now"] = 1.6  # the same report, a machine 1.6× slower (two AVX2 EPYCs, 2026-12-05): measured anew
+    stepmodel.calibrated("eager")
+    assert len(runs) == 5
