@@ -192,9 +192,16 @@ assert g[long_prompt, top] < g[prompt_tokens, top], "the long context should gai
 # %% [markdown]
 # ### The predictions, scored
 #
-# The two steps predicted before the sweep, against the median of the matching steps it measured:
+# The two steps predicted before the sweep, against the median of the matching steps it measured. The machine is
+# shared, and its speed can drift between the calibration and the sweep: a short check step (4 sequences of 64
+# tokens, `stepmodel.speed_now`) when the calibration was taken or loaded and again now says whether it kept its
+# calibrated speed (1.0). A miss on a steady machine is the model's and fails the lesson; on a machine that drifted
+# more than 10 %, the miss is printed with the speeds.
 
 # %%
+before = steps_model.meta.get("reused", {}).get("speed_now", 1.0)  # 1.0: calibrated in this lesson, just before the sweep
+after = stepmodel.speed_now(llm, steps_model)
+steady = max(abs(before - 1), abs(after - 1)) <= 0.10
 long_decode = stepmodel.decode_attribution(steps_model, long_recorder.steps).set_index("sequences")
 measured = [decode.set_index("sequences").measured_ms[batch_sizes[-1]], long_decode.measured_ms[long_batch]]
 scored = ahead.assign(measured_ms=measured, error=lambda t: t.predicted_ms / t.measured_ms - 1)
@@ -202,7 +209,11 @@ print("; ".join(f"{r.case}: predicted {r.predicted_ms:.1f} ms, measured {r.measu
 scored.round(3)
 
 # %%
-assert (scored.error.abs() < 0.3).all(), scored  # fitted on ≤ 8 sequences at ≤ 256 tokens, ≤ 4 at ≤ 1,024; checked outside them
+within = bool((scored.error.abs() < 0.3).all())  # fitted on ≤ 8 sequences at ≤ 256 tokens, ≤ 4 at ≤ 1,024; checked outside them
+kvlab.claim(within, f"both held-out steps predicted within 30 % (check steps {before:.2f}× and {after:.2f}× as calibrated)",
+            f"a held-out step missed by more than 30 %, with the machine at {before:.2f}× and {after:.2f}× its calibrated "
+            "speed (check steps): rerun on a quieter machine to tell the model's error from the machine's", show=True)
+assert within or not steady, scored
 
 # %% [markdown]
 # ### The same model on a GPU
