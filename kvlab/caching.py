@@ -42,6 +42,26 @@ def tools_that_fit(tokenizer: Any, wanted: int, context: int, room: int = 64) ->
                      "choose a model with a longer context (KVLAB_MODEL).")
 
 
+def tools_for_time(llm: Any, wanted: int, context: int, target_s: float) -> tuple[int, float, int]:
+    """How many tool schemas (up to ``wanted``, at least one) keep a cold prefill within ``target_s`` here, from one
+    timed cold prefill of the longest prompt that fits: (tools, its TTFT in s, its prompt tokens)."""
+    tok = llm.get_tokenizer()
+    most = tools_that_fit(tok, wanted, context)
+    turn = user_turns()[0]
+    lengths = {n: len(chat_ids(tok, static_prefix(n), turn)) for n in range(min(1, most), most + 1)}
+    timed_requests(llm, [prompt_of_length(tok, 32, offset=3_000)], cold=True)  # untimed warm-up
+    ttft_s = float(timed_requests(llm, [chat_ids(tok, static_prefix(most), turn)], cold=True).ttft_s.iloc[0])
+    return tools_within(lengths, ttft_s, target_s), ttft_s, lengths[most]
+
+
+def tools_within(lengths: dict[int, int], ttft_s: float, target_s: float) -> int:
+    """The most tools whose prompt (``lengths``: tools → prompt tokens) is forecast within ``target_s``, the longest
+    prompt's cold TTFT being ``ttft_s`` and the others' in proportion to their tokens; the fewest if none is."""
+    longest = lengths[max(lengths)]
+    fits = [n for n, length in lengths.items() if ttft_s * length / longest <= target_s]
+    return max(fits, default=min(lengths))
+
+
 def user_turns() -> list[str]:
     """Distinct user questions that follow the static prefix."""
     return json.loads((PREFIX_DIR / "user_turns.json").read_text())["turns"]

@@ -14,9 +14,10 @@
 # it keeps finished KV blocks, keyed by the exact token ids they hold (and everything before them), and a new request
 # reuses the longest run of whole blocks it shares with one already cached.
 #
-# You will measure: cold vs warm TTFT for a realistic 2,300-token prefix, the saving vs prefix length (and why it comes
-# in whole blocks), what breaks a hit (token identity, not meaning), why synthetic unique prompts show zero benefit, a
-# mixed-traffic run, and how all of this differs from an application's response cache.
+# You will measure: cold vs warm TTFT for a realistic prefix (up to 2,300 tokens, shorter on a slower CPU), the
+# saving vs prefix length (and why it comes in whole blocks), what breaks a hit (token identity, not meaning), why
+# synthetic unique prompts show zero benefit, a mixed-traffic run, and how all of this differs from an application's
+# response cache.
 
 # %%
 import kvlab
@@ -39,8 +40,12 @@ llm = kvlab.make_engine(enable_prefix_caching=True)
 tok = llm.get_tokenizer()
 cap = kvlab.kv_capacity(llm)
 block, context = cap.block_size, cap.max_model_len
-# 7 of its 13 tools: ~2,300 tokens, a quicker lesson (fewer where the model's context is shorter)
-system = caching.static_prefix(n_tools=caching.tools_that_fit(tok, kvlab.pick(7, 5), context))
+# up to 7 of its 13 tools (~2,300 tokens; 5 in quick mode): fewer where the context is shorter or where one cold
+# prefill of that prompt would take longer than the target below (a slower CPU: a shorter prompt, the same lesson)
+target_s = kvlab.pick(6.0, 4.5)
+n_tools, timed_s, timed_tokens = caching.tools_for_time(llm, kvlab.pick(7, 5), context, target_s)
+system = caching.static_prefix(n_tools=n_tools)
+print(f"a cold prefill of {timed_tokens:,} prompt tokens took {timed_s:.2f} s here (target ≤ {target_s:.1f} s) → {n_tools} tools")
 turns = caching.user_turns()
 example = caching.chat_ids(tok, system, turns[0])
 shared = caching.common_prefix(example, caching.chat_ids(tok, system, turns[1]))

@@ -19,6 +19,15 @@ def test_common_prefix():
     assert caching.common_prefix([1, 2], [1, 2, 3]) == 2
 
 
+def test_a_slower_machine_gets_fewer_tools_never_none():
+    lengths = {1: 1000, 2: 1300, 3: 1600, 4: 2000}  # tools → prompt tokens; the longest timed
+    assert caching.tools_within(lengths, ttft_s=3.0, target_s=4.5) == 4  # fast: all of them
+    assert caching.tools_within(lengths, ttft_s=6.0, target_s=4.5) == 2  # 1,600 / 2,000 × 6 s = 4.8 s > 4.5
+    assert caching.tools_within(lengths, ttft_s=6.0, target_s=4.8) == 3  # 4.8 s: within
+    assert caching.tools_within(lengths, ttft_s=7.0, target_s=4.5) == 1  # 1,300 tokens: 4.55 s
+    assert caching.tools_within(lengths, ttft_s=60.0, target_s=4.5) == 1  # at least one tool, however slow
+
+
 def test_static_prefix_is_a_few_thousand_tokens(model_dir):
     from transformers import AutoTokenizer
 
