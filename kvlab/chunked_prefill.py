@@ -51,6 +51,16 @@ def arrival_once_streaming(llm: Any, tokenizer: Any, decoders: int, decoder_prom
     return max(0.01, round(1.5 * streaming, 2))
 
 
+def long_prompt_for_time(llm: Any, tokenizer: Any, options: list[int], target_s: float) -> tuple[int, float]:
+    """The longest of ``options`` (prompt tokens, largest first) whose prefill is forecast within ``target_s`` here,
+    from one timed prefill of the shortest, in proportion to tokens; else the shortest: (tokens, the timed seconds)."""
+    shortest = min(options)
+    _, requests = run_workload(llm, [Arrival("probe", prompt_of_length(tokenizer, shortest, offset=40_000), 1, 0.0)])
+    llm.reset_prefix_cache()  # the workloads that follow must not reuse the probe's KV
+    probe_s = float(requests.ttft_s.iloc[0])
+    return next((n for n in options if probe_s * n / shortest <= target_s), shortest), probe_s
+
+
 def short_behind_long_arrivals(tokenizer: Any, long_prompt: int, short_prompt: int, short_at_s: float) -> list[Arrival]:
     """A long prompt at t=0 and a short interactive request just after it."""
 

@@ -42,14 +42,15 @@ from kvlab import chunked_prefill, workload
 tok = AutoTokenizer.from_pretrained(kvlab.resolve_model())
 decoders, decoder_tokens = kvlab.pick(4, 3), kvlab.pick(96, 48)
 context = kvlab.model.fit_context(8192)  # 8,192 tokens, or the model's own context where it is shorter
-long_tokens = min(kvlab.pick(3072, 2048), context - 64)
+long_options = [n for n in kvlab.pick([3072, 2048, 1536], [2048, 1536, 1024]) if n <= context - 64] or [context - 64]
+long_target_s = kvlab.pick(8.0, 6.0)  # the long prompt's prefill with chunking off, at most, where the machine allows
 budgets = kvlab.pick([256, 1024, 2048], [256, 1024])
 configs = {"chunked off": {"enable_chunked_prefill": False}}
 configs |= {f"chunks of {b}": {"enable_chunked_prefill": True, "max_num_batched_tokens": b} for b in budgets}
 configs[f"chunks of {max(budgets)} + long threshold 256"] = {"enable_chunked_prefill": True, "max_num_batched_tokens": max(budgets),
                                                              "long_prefill_token_threshold": 256}
-print(f"{decoders} decoders × {decoder_tokens} tokens from t=0; a {long_tokens:,}-token prompt once they stream "
-      f"(its time set from this machine's speed below); {len(configs)} engine configurations")
+print(f"{decoders} decoders × {decoder_tokens} tokens from t=0; a long prompt of {' or '.join(f'{n:,}' for n in long_options)} "
+      f"tokens once they stream (its length and time set from this machine's speed below); {len(configs)} engine configurations")
 
 # %% [markdown]
 # ## 2. Run every configuration
@@ -57,6 +58,8 @@ print(f"{decoders} decoders × {decoder_tokens} tokens from t=0; a {long_tokens:
 # For each configuration: start its engine, run the interference workload and the short-behind-long workload (section 5),
 # close the engine. A progress bar counts configurations. The long prompt's arrival time is set from this machine's
 # speed (on the first engine): once every decoder has streamed a few tokens, so "their gaps before it" exist on any CPU.
+# So is its length: the longest of the options above whose one-step prefill is forecast within the target, from one
+# timed prefill of the shortest (a slower CPU gets a shorter document, the same comparison).
 
 # %%
 import pandas as pd
@@ -67,7 +70,9 @@ for name, args in tqdm(configs.items(), desc="configurations"):
     llm = kvlab.make_engine(enforce_eager=True, max_model_len=context, **args)
     if name == "chunked off":  # the first engine: when do the decoders stream on this machine?
         long_at = chunked_prefill.arrival_once_streaming(llm, tok, decoders, 64, decoder_tokens)
-        print(f"the long prompt arrives at t = {long_at:.2f} s, once every decoder is streaming")
+        long_tokens, probe_s = chunked_prefill.long_prompt_for_time(llm, tok, long_options, long_target_s)
+        print(f"a {min(long_options):,}-token prefill took {probe_s:.2f} s here → a {long_tokens:,}-token long prompt (its "
+              f"prefill forecast within {long_target_s:.0f} s), arriving at t = {long_at:.2f} s, once every decoder is streaming")
     tokens, reqs = workload.run_workload(llm, chunked_prefill.interference_arrivals(tok, decoders, 64, decoder_tokens, long_tokens, long_at))
     results.append({"config": name} | chunked_prefill.interference_summary(tokens, reqs))
     timelines[name] = (tokens, reqs)
