@@ -182,12 +182,35 @@ gains.round(2)
 
 # %%
 px.line(gains, x="batch size", y=["measured gain", "bandwidth model"], color="prompt tokens", markers=True, line_dash="variable",
-        title="Decode throughput ÷ batch 1: batching pays less at long context (each sequence reads its own KV)",
+        title="Decode throughput ÷ batch 1, at a short and a long context (each sequence reads its own KV)",
         labels={"value": "decode throughput relative to batch 1", "batch size": "batch size (sequences)"}).show()
 top = max(long_sizes)
 g = gains.set_index(["prompt tokens", "batch size"])["measured gain"]
 print(f"batch {top}: decode throughput ×{g[prompt_tokens, top]:.1f} at {prompt_tokens}-token prompts, ×{g[long_prompt, top]:.1f} at {long_prompt:,}")
-assert g[long_prompt, top] < g[prompt_tokens, top], "the long context should gain less from batching"
+
+# %% [markdown]
+# How much less *should* the long context gain? The step model fitted above answers for this model and machine: on a
+# model whose KV per token is tiny next to its weights and fixed costs, the two gains come out nearly equal, and which
+# one this run measured higher is the machine's noise. The lesson fails on the order only where the model expects the
+# long context to gain at least 15 % less and the machine kept its speed (the check steps of the next section).
+
+# %%
+def expected_gain(context: float) -> float:
+    """The step model's decode-throughput gain of batch ``top`` over batch 1 at this context."""
+    one_ms, top_ms = steps_model.predict_ms([stepmodel.decode_step(1, context), stepmodel.decode_step(top, context)])
+    return top * one_ms / top_ms
+
+
+expected = {c: expected_gain(c + output_tokens / 2) for c in (prompt_tokens, long_prompt)}
+gap = expected[prompt_tokens] / expected[long_prompt] - 1  # how much less the long context should gain
+less = bool(g[long_prompt, top] < g[prompt_tokens, top])
+kv_sentence = kvlab.claim(
+    less, f"the long context gained less from batching (×{g[long_prompt, top]:.1f} against ×{g[prompt_tokens, top]:.1f}; "
+          f"the step model expected ×{expected[long_prompt]:.1f} against ×{expected[prompt_tokens]:.1f})",
+    f"the long context did not gain less here (×{g[long_prompt, top]:.1f} against ×{g[prompt_tokens, top]:.1f}); the step "
+    f"model expected only {gap:.0%} less (×{expected[long_prompt]:.1f} against ×{expected[prompt_tokens]:.1f}), within this "
+    "machine's noise: this model's KV reads are too small a part of a step to show it", show=True,
+    teaches="a long context gains less from batching than a short one")
 
 # %% [markdown]
 # ### The predictions, scored
@@ -214,6 +237,7 @@ kvlab.claim(within, f"both held-out steps predicted within 30 % (check steps {be
             f"a held-out step missed by more than 30 %, with the machine at {before:.2f}× and {after:.2f}× its calibrated "
             "speed (check steps): rerun on a quieter machine to tell the model's error from the machine's", show=True)
 assert within or not steady, scored
+assert less or gap < 0.15 or not steady, f"batch {top}: ×{g[long_prompt, top]:.2f} at {long_prompt} tokens, ×{g[prompt_tokens, top]:.2f} at {prompt_tokens}; expected {expected}"
 
 # %% [markdown]
 # ### The same model on a GPU
@@ -330,9 +354,8 @@ Markdown(f"""
   {scored.error[0]:+.0%}), {scored.case[1]} {scored.predicted_ms[1]:.1f} ms (measured {scored.measured_ms[1]:.1f},
   {scored.error[1]:+.0%}). On an H100 (datasheet, lower bound) Llama-3.1-8B's batch-1 step is {gpu_terms['weight reads'] / gpu_terms.predicted_ms:.0%}
   weight read: there batching shares the weights.
-- Batching shares the weight read, not the KV reads: at batch {top}, decode throughput grew **×{g[prompt_tokens, top]:.1f}** with
-  {prompt_tokens}-token prompts but only **×{g[long_prompt, top]:.1f}** with {long_prompt:,}-token prompts, where each sequence's own KV
-  made up {gains.set_index(["prompt tokens", "batch size"])["KV share of the step's bytes"][long_prompt, top]:.0%} of the step's bytes (bandwidth model:
+- Batching shares the weight read, not the KV reads: at batch {top}, {kv_sentence}, with {long_prompt:,}-token prompts against
+  {prompt_tokens}-token ones, where each sequence's own KV made up {gains.set_index(["prompt tokens", "batch size"])["KV share of the step's bytes"][long_prompt, top]:.0%} of the step's bytes (bandwidth model:
   ×{gains.set_index(["prompt tokens", "batch size"])["bandwidth model"][prompt_tokens, top]:.1f} and ×{gains.set_index(["prompt tokens", "batch size"])["bandwidth model"][long_prompt, top]:.1f}).
 - With continuous arrivals, {arrivals['mean requests in flight'].iloc[-1]:.1f} requests in flight gave
   {arrivals['output throughput (tok/s)'].iloc[-1]:.0f} tok/s against {arrivals['output throughput (tok/s)'].iloc[0]:.0f} tok/s at
