@@ -138,24 +138,32 @@ def test_a_step_outside_the_calibration_is_predicted_within_15_percent(engine):
     """Calibrated on ≤ 8 sequences at ≤ 256 tokens, ≤ 4 at ≤ 1,024 and 2 at 2,048 (and prefills ≤ 512), quick mode;
     then 8 sequences decoding at ~1,024 tokens of context — twice the KV of any calibration step — predicted before it
     is measured. The machine is shared: a miss beside a canary (lesson 10's: 4 short sequences, measured ÷ predicted)
-    more than 10 % off the calibration's speed is measured once more; a miss on a calm machine fails at once. The
-    calibration is measured here (``fresh=True``) and saved: the lessons run after this file reuse it, not measure it
-    again; lesson 05 checks the same composition at a looser 30 %, on a calibration from another process."""
-    model = stepmodel.calibrated(engine, fresh=True)
+    more than 10 % off the calibration's speed is measured once more; a miss on a calm machine is calibrated once
+    more (a calibration's sweep can itself catch a busy spell: a 12-06 CI one put the KV scale at 6.3, normally 2–3,
+    and missed by +25 % beside calm canaries), and a second calibration's miss fails. The calibration is measured here
+    (``fresh=True``) and saved: the lessons run after this file reuse it, not measure it again; lesson 05 checks the
+    same composition at a looser 30 %, on a calibration from another process."""
     tries = []
-    for _ in range(2):  # once more only if a canary says the machine ran at another speed than it was calibrated at
-        before = scorecard.canary(engine, model)
-        table = stepmodel.held_out(engine, model, [stepmodel.Point(8, 1024, 16)], repeats=2)
-        after = scorecard.canary(engine, model)
-        decode = table[(table.sequences == 8) & (table.tokens == 8)]
-        error = float(decode.predicted_ms.median() / decode.measured_ms.median() - 1)
-        tries.append(f"predicted {decode.predicted_ms.median():.1f} ms, measured {decode.measured_ms.median():.1f} ms "
-                     f"({error:+.0%}) over {len(decode)} steps, canaries {before:.2f} and {after:.2f} (1: as calibrated)")
-        if abs(error) <= 0.15 or max(abs(before - 1), abs(after - 1)) <= scorecard.CANARY_SLOWER:
+    for calibration in range(2):
+        model = stepmodel.calibrated(engine, fresh=True)
+        for _ in range(2):  # once more only if a canary says the machine ran at another speed than it was calibrated at
+            before = scorecard.canary(engine, model)
+            table = stepmodel.held_out(engine, model, [stepmodel.Point(8, 1024, 16)], repeats=2)
+            after = scorecard.canary(engine, model)
+            decode = table[(table.sequences == 8) & (table.tokens == 8)]
+            error = float(decode.predicted_ms.median() / decode.measured_ms.median() - 1)
+            tries.append(f"calibration {calibration + 1} (kv_scale {model.constants['kv_scale']:.2f}): predicted "
+                         f"{decode.predicted_ms.median():.1f} ms, measured {decode.measured_ms.median():.1f} ms "
+                         f"({error:+.0%}) over {len(decode)} steps, canaries {before:.2f} and {after:.2f} (1: as calibrated)")
+            if abs(error) <= 0.15 or max(abs(before - 1), abs(after - 1)) <= scorecard.CANARY_SLOWER:
+                break
+        if abs(error) <= 0.15:
             break
+    print("; then ".join(tries))
     terms = model.attribution([stepmodel.decode_step(8, int(decode.context_mean.median()))]).iloc[0]
     assert abs(error) <= 0.15, (f"{'; then '.join(tries)}; {model.form} model {model.constants}; "
-                                f"terms (ms) {terms.round(2).to_dict()}; limits {model.limits}")
+                                f"terms (ms) {terms.round(2).to_dict()}; limits {model.limits}; measured again in "
+                                f"the sweep: {model.meta.get('measured_again')}")
 
 
 def test_the_reference_calibration_is_small_sure_of_itself_and_checked_on_held_out_steps():
@@ -174,9 +182,46 @@ def test_the_reference_calibration_is_small_sure_of_itself_and_checked_on_held_o
 def test_run_to_run_noise_is_each_repeat_against_its_points_mean():
     a, b = stepmodel.Point(1, 64, 4), stepmodel.Point(2, 128, 4)
     step = [stepmodel.Step(s, ((1, 64),)) for s in (0.010, 0.011, 0.012)]
-    measured = [(a, step[0]), (a, step[0]), (b, step[2]), (a, step[1]), (a, step[1]), (b, step[2])]  # 2 repeats
+    measured = [(a, [step[0], step[0]]), (b, [step[2]]), (b, [step[2]]), (a, [step[1], step[1]])]  # 2 runs each
     noise = stepmodel.run_to_run(measured)
     assert noise == pytest.approx([-1 / 21, 1 / 21, 0.0, 0.0])  # a: 20 ms then 22 ms around 21; b: 12 and 12
+
+
+def test_a_point_is_unsteady_until_most_of_its_runs_agree():
+    a = stepmodel.Point(4, 1024, 16)
+
+    def runs(*totals):
+        return [(a, [stepmodel.Step(t, ((1, 1024),))]) for t in totals]
+
+    assert stepmodel.unsteady(runs(0.050, 0.052)) == []  # 4 % apart
+    assert stepmodel.unsteady(runs(0.050, 0.065)) == [a]  # one slow run of two
+    assert stepmodel.unsteady(runs(0.050, 0.065, 0.051)) == []  # a third agrees with the faster
+    assert stepmodel.unsteady(runs(0.050, 0.065, 0.080)) == [a]  # no two agree
+    assert stepmodel.unsteady(runs(0.050)) == []  # one run: nothing to compare
+
+
+def test_a_busy_spell_during_the_sweep_is_measured_again_and_outvoted(monkeypatch):
+    """A fake engine whose every step takes 10 ms × the batch, except the runs in a busy spell (1.5× as long): the
+    spell's point is measured again, and each composition's median is the calm duration."""
+    calls: list[stepmodel.Point] = []
+    points = [stepmodel.Point(b, 64, 3) for b in (1, 2, 4, 8)]
+    busy = {5}  # the 6th run of the sweep, in its second repeat
+
+    def fake_run(llm, prompts, max_tokens):
+        calls.append(len(prompts))
+        slow = 1.5 if len(calls) - 2 in busy else 1.0  # call 0 is the warm-up
+        return [stepmodel.Step(0.010 * len(prompts) * slow, tuple((1, 64 + k) for _ in prompts)) for k in range(max_tokens)]
+
+    monkeypatch.setattr(stepmodel, "run_recorded", fake_run)
+    monkeypatch.setattr(stepmodel, "distinct_prompts", lambda tok, n, batch, seed: [[seed]] * batch)
+    llm = type("FakeLLM", (), {"get_tokenizer": lambda self: None})()
+    runs = stepmodel.measure(llm, points, repeats=2)
+    assert len(runs) == 9, [p for p, _ in runs]  # 2 × 4 runs, then the slow one's point once more
+    slow_point = runs[5][0]
+    assert runs[-1][0] == slow_point and stepmodel.unsteady(runs) == []
+    assert [p for p, _ in runs[4:8]] != points  # the second repeat in another order
+    for step in stepmodel.typical([s for _, run in runs for s in run]):
+        assert step.seconds == pytest.approx(0.010 * len(step.sequences))
 
 
 def test_each_calibration_point_out_gives_one_whole_run_error():
@@ -184,8 +229,10 @@ def test_each_calibration_point_out_gives_one_whole_run_error():
     step's own noise (here ±10 %) averages out and a run's error is far smaller than its steps' spread."""
     steps = synthetic("sum", SUM, noise=0.10, seed=3)
     points = [stepmodel.Point(i, 64, 4) for i in range(len(steps) // 4)]
-    measured = [(points[min(i // 4, len(points) - 1)], s) for i, s in enumerate(steps)]
-    errors = stepmodel.point_out_errors(measured, COST, LIMITS, "sum")
+    measured: dict = {}
+    for i, s in enumerate(steps):
+        measured.setdefault(points[min(i // 4, len(points) - 1)], []).append(s)
+    errors = stepmodel.point_out_errors(list(measured.items()), COST, LIMITS, "sum")
     assert len(errors) == len(points)
     step_errors = [s.seconds * 1e3 / m - 1 for s, m in zip(steps, stepmodel.StepModel("sum", SUM, {}, LIMITS, COST)
                                                             .predict_ms(steps), strict=True)]
