@@ -26,8 +26,8 @@ test-models: setup redis  ## every lesson on the hybrid, the second and the base
 	KVLAB_QUICK=$${KVLAB_QUICK:-1} $(BIN)/python -m pytest -p no:cacheprovider tests/test_second_model.py -m models --durations=20 -rs
 
 unit: export KVLAB_EXTRAS = dev
-unit: setup  ## the tests that need no engine and no notebook kernel: under a minute
-	KVLAB_QUICK=1 $(BIN)/python -m pytest -p no:cacheprovider tests -m "not engine and not notebook" -q
+unit: setup  ## the tests that need no engine, no notebook kernel and no slow measurement: under a minute
+	KVLAB_QUICK=1 $(BIN)/python -m pytest -p no:cacheprovider tests -m "not engine and not notebook and not slow" -q
 
 setup:
 	@bash scripts/setup.sh

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import python_stacks
 
 HERE = Path(__file__).parent
@@ -26,6 +27,7 @@ def test_python_stacks_show_where_another_process_waits():
     assert f"pid {proc.pid}" in text and "waiting_for_a_step" in text, text
 
 
+@pytest.mark.slow
 def test_a_test_near_its_timeout_prints_the_stacks_then_fails(tmp_path):
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_hangs.py").write_text("import time\n\ndef test_hangs_here():\n    time.sleep(30)\n")

@@ -128,6 +128,7 @@ def test_jupyterlab_edits_either_side_of_a_pair(tmp_path):
         server.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_every_link_and_anchor_of_the_built_course_leads_somewhere(tmp_path):
     """Lessons link to each other once, as JupyterLab follows links (`03_prefix_caching.ipynb#…`); the built course
     turns them into links between its pages. Every link and anchor of the site is followed."""

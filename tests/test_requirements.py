@@ -88,6 +88,7 @@ def test_the_environment_is_the_locked_one():
     assert installed == expected
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("vllm" in {norm(d.metadata["Name"]) for d in md.distributions()}, reason="CPU install only")
 def test_pip_install_of_the_cpu_extra_with_the_lock_gives_this_environment(tmp_path):
     """`pip install -e .[cpu,dev,ray] -c requirements/cpu.lock` into this environment would change nothing but kvlab

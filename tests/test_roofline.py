@@ -97,6 +97,7 @@ def test_crossover_is_interpolated():
     assert prefill_decode.crossover(medians, 100) is None  # decode 0.99 s: never crossed in range
 
 
+@pytest.mark.slow
 def test_limits_are_measured_and_plausible():
     limits = roofline.measure_limits("float32", quick=True)
     assert 1e9 < limits.matmul_flops < 1e14 and 1e8 < limits.bandwidth < 1e13
