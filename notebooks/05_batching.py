@@ -220,7 +220,7 @@ kv_sentence = kvlab.claim(
 # shared, and its speed can drift between the calibration and the sweep: a short check step (4 sequences of 64
 # tokens, `stepmodel.speed_now`) when the calibration was taken or loaded and again now says whether it kept its
 # calibrated speed (1.0). The takeaway is a miss of less than 30 %; a larger one is printed with where it came from
-# (the cost of each sequence past the calibration's 8, measured in the sweep against the model's). A miss of 50 % or
+# (the cost of each sequence past the sweep's next-largest batch, measured against the model's). A miss of 50 % or
 # more on a steady machine — a model that wrong is a bug, not a linear fit stretched twice past its points — fails the
 # lesson; on a machine that drifted more than 10 %, any miss is printed with the speeds.
 
@@ -237,16 +237,15 @@ scored.round(3)
 # %%
 within = bool((scored.error.abs() < 0.3).all())  # fitted on ≤ 8 sequences at ≤ 256 tokens, ≤ 4 at ≤ 1,024; checked outside them
 d = decode.set_index("sequences")
-below = max(n for n in d.index if n < batch_sizes[-1])  # the sweep's largest batch inside the calibration's sizes
+below = max(n for n in d.index if n < batch_sizes[-1])  # the sweep's next-largest batch
 slope = {k: (d[k][batch_sizes[-1]] - d[k][below]) / (batch_sizes[-1] - below) for k in ("measured_ms", "predicted_ms")}
 where = (f"each sequence past {below} added {slope['measured_ms']:.2f} ms to a decode step here, the model "
          f"{slope['predicted_ms']:.2f} ms" if below > 1 else "")
 kvlab.claim(within, f"both held-out steps predicted within 30 % (check steps {before:.2f}× and {after:.2f}× as calibrated)",
             f"a held-out step missed by more than 30 %, with the machine at {before:.2f}× and {after:.2f}× its calibrated "
             f"speed (check steps){'; ' + where if where else ''}: "
-            + ("the machine kept its speed, so this is the model's error: its costs, fitted on small batches, do not grow "
-               "linearly past them on this machine" if steady else "rerun on a quieter machine to tell the model's error "
-               "from the machine's"), show=True)
+            + ("the machine kept its speed, so the miss is the model's" if steady else "rerun on a quieter machine to "
+               "tell the model's error from the machine's"), show=True)
 assert bool((scored.error.abs() < 0.5).all()) or not steady, scored
 assert less or gap < 0.15 or not steady, f"batch {top}: ×{g[long_prompt, top]:.2f} at {long_prompt} tokens, ×{g[prompt_tokens, top]:.2f} at {prompt_tokens}; expected {expected}"
 
