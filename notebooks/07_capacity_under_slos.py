@@ -200,11 +200,11 @@ assert growth > loadtest.OVERLOAD_GROWTH_RPS, flow
 # ## 6. Chat next to batch jobs on one pool
 #
 # Now the failure of *sharing one pool for interactive chat and offline summarization*: a steady chat load at 40 % of
-# the saturation rate, and an offline job that hands the engine a burst of 1,200-token documents to summarize — at
-# least four, more than two engine steps' worth of prompt tokens (2,048 per step), so some of them wait in the engine's
-# queue; on a model whose prefill is quick, as many as it takes for the burst's prefill to last a quarter of the window
-# (one document's prefill is timed first), so that enough chats arrive during it to show in a p95. The chats arrive
-# for 6 seconds where that brings at least 12 of them (8 where the machine is slower). The same
+# the saturation rate, and an offline job that hands the engine a burst of 1,200-token documents to summarize in 32
+# tokens each — at least four, more than two engine steps' worth of prompt tokens (2,048 per step), so some of them
+# wait in the engine's queue; on a model whose prefill is quick, as many as it takes for the burst's prefill to last a
+# quarter of the window (one document's prefill is timed first), so that enough chats arrive during it to show in a
+# p95. The chats arrive for 6 seconds where that brings at least 12 of them (8 where the machine is slower). The same
 # traffic (same arrival times, same prompts) runs in every setting below, the prefix cache emptied before each, so no
 # setting reuses another's KV; chat is what the SLO protects.
 
@@ -213,7 +213,7 @@ import math
 
 chat_rate = round(0.4 * saturation, 2)
 window_s = kvlab.pick(6 if chat_rate * 6 >= 12 else 8, 6)  # at least 12 chats behind a full run's p95 where the machine allows
-mix = loadtest.Mix(batch_prompt_tokens=1200)
+mix = loadtest.Mix(batch_prompt_tokens=1200, batch_output_tokens=32)  # chat waits behind their prefill
 loadtest.warm_up(llm, loadtest.Requests(tok, mix, seed=8))  # untimed: full-budget prefill steps before timing them
 one_job = loadtest.run_setting(llm, [loadtest.Requests(tok, mix, seed=9).make("batch", 0.0)])
 batch_jobs = max(4, math.ceil(0.25 * window_s / one_job.ttft_s.iloc[0]))
