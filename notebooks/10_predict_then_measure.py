@@ -147,8 +147,8 @@ print(f"SLO: {objective.describe()}; forecast maximum sustainable rate: {capacit
 # machine the Poisson rates below capacity (the points whose length is set in seconds) send the requests of a shorter
 # window, never fewer than 8 per rate; the rate above capacity keeps its whole window (a short burst meets any SLO:
 # the queue needs time to grow), and every other point is the same everywhere — except that on a machine too slow
-# even then, every request writes 16 tokens instead of 24, and, slower still, each prompt length alone runs twice
-# instead of three times.
+# even then, every request outside the Poisson rates writes 16 tokens instead of 24; slower still, each prompt length
+# alone runs twice instead of three times; and slowest, those requests write 12 tokens.
 
 # %%
 models = {key: model for key in [*budgets, "spec"]} | {"second": model.for_model(roofline.engine_cost(engines["second"]))}

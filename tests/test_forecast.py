@@ -203,16 +203,28 @@ def test_a_grid_still_too_long_writes_fewer_tokens_per_request(monkeypatch):
     toks = dict.fromkeys(("main", "budget 256", "second"), ByteTokenizer())
     monkeypatch.setattr(scorecard, "predicted_seconds", lambda p, setup, model: sum(a.max_tokens for a in p.arrivals) / 10)
     sizes, nothing = scorecard.grid_sizes(False), dict.fromkeys(toks)
-    full, seconds = scorecard.grid_for_time(toks, 2.0, sizes, nothing, nothing, target_s=1e9)
-    short, short_seconds = scorecard.grid_for_time(toks, 2.0, sizes, nothing, nothing, target_s=seconds.sum() / 2)
-    assert {a.max_tokens for p in full if p.kind == "batch" for a in p.arrivals} == {sizes["output_tokens"]}
-    assert {a.max_tokens for p in short if p.kind == "batch" for a in p.arrivals} == {16}
-    assert [p.name for p in short] == [p.name for p in full] and short_seconds.sum() < seconds.sum()
-    alone = {len(p.arrivals) for p in full if p.one_at_a_time}
-    assert alone == {3} and {len(p.arrivals) for p in short if p.one_at_a_time} == {2}  # 16 of 24 tokens was not enough
-    _, at_16 = scorecard.grid_for_time(toks, 2.0, sizes | {"output_tokens": 16}, nothing, nothing, target_s=1e9)
-    fewer_tokens, _ = scorecard.grid_for_time(toks, 2.0, sizes, nothing, nothing, target_s=at_16.sum())
-    assert {len(p.arrivals) for p in fewer_tokens if p.one_at_a_time} == {3}  # 16 tokens was: three runs each stay
+
+    def sized(target_s: float, **at: int) -> tuple[list, pd.Series]:
+        return scorecard.grid_for_time(toks, 2.0, sizes | at, nothing, nothing, target_s=target_s)
+
+    def tokens(grid: list, kind: str) -> set[int]:
+        return {a.max_tokens for p in grid if p.kind == kind for a in p.arrivals}
+
+    def alone(grid: list) -> set[int]:
+        return {len(p.arrivals) for p in grid if p.one_at_a_time}
+
+    full, seconds = sized(1e9)
+    assert tokens(full, "batch") == {sizes["output_tokens"]} and alone(full) == {3}
+    at_16 = sized(1e9, output_tokens=16)[1].sum()
+    at_16_twice = sized(1e9, output_tokens=16, alone_requests=2)[1].sum()
+    fewer_tokens, _ = sized(at_16)
+    assert tokens(fewer_tokens, "batch") == {16} and alone(fewer_tokens) == {3}  # 16 tokens was enough: three runs stay
+    twice, twice_seconds = sized(at_16_twice)
+    assert tokens(twice, "batch") == {16} and alone(twice) == {2}  # 16 of 24 tokens was not enough
+    assert [p.name for p in twice] == [p.name for p in full] and twice_seconds.sum() < seconds.sum()
+    slowest, _ = sized(1.0)  # no sizing fits: every step taken
+    assert tokens(slowest, "batch") == {12} and alone(slowest) == {2}  # slower still: 12 tokens
+    assert tokens(slowest, "poisson") == {scorecard.POISSON_OUTPUT}  # a rate's requests keep theirs
 
 
 @pytest.mark.engine
