@@ -203,10 +203,10 @@ def grid_for_time(toks: dict[str, Any], capacity_rps: float, sizes: dict[str, An
     """The held-out grid whose forecast measuring time fits ``target_s``: the Poisson window of the rates below
     capacity (the part of the grid whose time is set in seconds) shortened as far as needed, never below
     ``MIN_POISSON_REQUESTS`` per rate; a rate above capacity keeps the whole window (a short burst meets any SLO: its
-    queue must have time to grow). Where that is not enough (a slow machine), every request writes the first of
-    ``fewer_output_tokens`` instead; where even that is not, each prompt length alone runs twice instead of three
-    times; and slower still, every request writes the second (a Poisson rate's requests keep theirs). The points stay
-    the same. The grid, and each point's forecast seconds (the lesson prints both)."""
+    queue must have time to grow). Where that is not enough (a slow machine), every request outside the Poisson rates
+    (theirs keep ``POISSON_OUTPUT``) writes the first of ``fewer_output_tokens`` instead; where even that is not, each
+    prompt length alone runs twice instead of three times; and slower still, those requests write the second. The
+    points stay the same. The grid, and each point's forecast seconds (the lesson prints both)."""
     grid, seconds = _grid_for_time(toks, capacity_rps, sizes, setups, models, target_s)
     more, least = (min(n, sizes["output_tokens"]) for n in fewer_output_tokens)
     for fewer in ({"output_tokens": more}, {"alone_requests": 2}, {"output_tokens": least}):
