@@ -331,7 +331,7 @@ def draws(model: StepModel, count: int, seed: int = 0) -> list[tuple[StepModel, 
     for _ in range(count):
         constants = {k: float(rng.normal(v, model.errors.get(k, 0.0))) for k, v in model.constants.items()}
         drawn = StepModel(model.form, constants, model.errors, model.limits, model.cost, model.residuals,
-                          model.points, model.other_form, model.meta)
+                          model.points, model.other_form, model.meta, model.speed)
         shape = 1.0 / (1.0 + float(rng.choice(errors)))  # a model that over-predicted by r runs 1/(1+r)
         out.append((drawn, shape * (1.0 + float(rng.choice(noise)))))
     return out

@@ -125,7 +125,9 @@ def _design(table: pd.DataFrame, form: str, on_compute: np.ndarray | None = None
 @dataclass
 class StepModel:
     """A fitted step-time model: its form, constants with one standard error, the machine's limits and the model's
-    costs it was fitted with, and the fit's residuals (relative: (predicted − measured) ÷ measured)."""
+    costs it was fitted with, the fit's residuals (relative: (predicted − measured) ÷ measured), and ``speed``: how
+    many times as long this machine's steps take now as when calibrated (a reused calibration's check step,
+    ``speed_now``; 1.0 when calibrated in this run), which every predicted time is multiplied by."""
 
     form: str
     constants: dict[str, float]
@@ -136,6 +138,7 @@ class StepModel:
     points: int = 0
     other_form: dict[str, Any] = field(default_factory=dict)  # the rejected form's median |residual|, for the record
     meta: dict[str, Any] = field(default_factory=dict)
+    speed: float = 1.0
 
     def terms_ms(self, table: pd.DataFrame) -> pd.DataFrame:
         """Each step's predicted time split into its terms (ms): fixed, per-sequence, weight reads, KV reads, compute.
@@ -148,7 +151,7 @@ class StepModel:
         out["weight reads"] = memory * table.weight_ms
         out["KV reads"] = memory * k["kv_scale"] * (table.memory_ms - table.weight_ms)
         out["compute"] = compute * k["compute_scale"] * table.compute_ms
-        return out
+        return out * self.speed
 
     def predict_ms(self, steps: list[Step]) -> np.ndarray:
         """Predicted duration (ms) of each step."""
@@ -161,7 +164,7 @@ class StepModel:
         weights = self.cost.weights_read(step.tokens) / bandwidth * 1e3
         kv = k["kv_scale"] * (step_bytes(self.cost, step) / bandwidth * 1e3 - weights)
         hardware = compute + weights + kv if self.form == "sum" else max(compute, weights + kv)
-        return k["fixed_ms"] + k["per_sequence_ms"] * len(step.sequences) + hardware
+        return (k["fixed_ms"] + k["per_sequence_ms"] * len(step.sequences) + hardware) * self.speed
 
     def run_seconds(self, sequences: int, prompt_tokens: int, output_tokens: int) -> float:
         """Forecast seconds for ``sequences`` equal requests submitted together: one prefill step of all their
@@ -191,7 +194,8 @@ class StepModel:
         doc = {"form": self.form, "constants": self.constants, "errors": self.errors,
                "meaning": {t: TERMS[t] for t in FORMS[self.form]}, "limits": self.limits.as_dict(),
                "cost": asdict(self.cost), "points": self.points, "residuals": self.residuals,
-               "median_abs_residual": self.median_abs_residual(), "other_form": self.other_form, "meta": self.meta}
+               "median_abs_residual": self.median_abs_residual(), "other_form": self.other_form, "meta": self.meta,
+               "speed": self.speed}
         path.write_text(json.dumps(doc, indent=2, default=str))
         return path
 
@@ -199,7 +203,8 @@ class StepModel:
     def from_json(cls, path: str | Path) -> StepModel:
         doc = json.loads(Path(path).read_text())
         return cls(doc["form"], doc["constants"], doc["errors"], MachineLimits(**doc["limits"]), ModelCost(**doc["cost"]),
-                   doc.get("residuals", []), doc.get("points", 0), doc.get("other_form", {}), doc.get("meta", {}))
+                   doc.get("residuals", []), doc.get("points", 0), doc.get("other_form", {}), doc.get("meta", {}),
+                   doc.get("speed", 1.0))
 
     def for_model(self, cost: ModelCost) -> StepModel:
         """The same machine applied to another model: its FLOPs and bytes change, and the fixed cost scales with its
@@ -209,11 +214,12 @@ class StepModel:
         ratio = cost.layers / self.cost.layers
         constants = self.constants | {"fixed_ms": self.constants["fixed_ms"] * ratio}
         errors = self.errors | {"fixed_ms": self.errors.get("fixed_ms", 0.0) * ratio}
-        return StepModel(self.form, constants, errors, self.limits, cost, [], 0, {}, self.meta)
+        return StepModel(self.form, constants, errors, self.limits, cost, [], 0, {}, self.meta, self.speed)
 
     def with_limits(self, limits: MachineLimits, overhead: bool = False) -> StepModel:
         """The same model on another machine's limits (e.g. a GPU's datasheet); ``overhead=False`` keeps none of the
-        fitted constants: the roofline's max(compute, memory) at those limits, a lower bound, not a prediction."""
+        fitted constants: the roofline's max(compute, memory) at those limits, a lower bound, not a prediction. Another
+        machine: this one's ``speed`` now does not carry over."""
         if not overhead:
             bound = {"fixed_ms": 0.0, "per_sequence_ms": 0.0, "compute_scale": 1.0, "kv_scale": 1.0}
             return StepModel("max", bound, dict.fromkeys(bound, 0.0), limits, self.cost, [], 0, {}, self.meta)
@@ -513,7 +519,8 @@ REUSE_SPEED_TOLERANCE = 0.15
 
 def speed_now(llm: Any, model: StepModel, steps: int = 8) -> float:
     """The machine's speed now, as ``model`` sees it: 4 sequences of 64 prompt tokens decoding ``steps`` tokens, their
-    steps' measured ÷ predicted time (1.0: as calibrated). Two cloud machines with the same CPU report can differ 1.6×."""
+    steps' measured ÷ predicted time (1.0: as ``model`` predicts, its ``speed`` included). Two cloud machines with the
+    same CPU report can differ 1.6×."""
     prompts = distinct_prompts(llm.get_tokenizer(), 64, 4, seed=77)
     run_recorded(llm, prompts, 2)  # untimed: an engine's first steps after start-up run slower
     measured = run_recorded(llm, prompts, steps)
@@ -525,8 +532,9 @@ def speed_now(llm: Any, model: StepModel, steps: int = 8) -> float:
 def calibrated(llm: Any, quick: bool = True, limits: MachineLimits | None = None, fresh: bool = False) -> StepModel:
     """This engine's step model: the calibration an earlier lesson saved for the same machine, model and engine
     settings in the last ``REUSE_HOURS`` (so the sweep is not measured twice), if a short check (``speed_now``) finds
-    the machine as fast as it was then; else ``calibrate`` now and save it. Prints which, and how old; ``fresh=True``
-    always measures again."""
+    the machine within ``REUSE_SPEED_TOLERANCE`` of its speed then (the model's ``speed`` is set to the check's, so a
+    machine 10 % slower now is forecast 10 % slower); else ``calibrate`` now and save it. Prints which, and how old;
+    ``fresh=True`` always measures again."""
     key = reuse_key(llm, quick)
     path = saved_path(key)
     age_s = time.time() - path.stat().st_mtime if path.exists() else math.inf
@@ -538,10 +546,11 @@ def calibrated(llm: Any, quick: bool = True, limits: MachineLimits | None = None
                   f"{speed:.2f}× as long here now (another machine of the same kind, or a busy spell): measured anew.")
         elif model.meta.get("reuse_key") == key:
             model.meta["reused"] = {"path": str(path), "age_s": round(age_s), "speed_now": round(speed, 3)}
+            model.speed = speed
             print(f"Step model: the calibration saved {age_s / 60:.0f} min ago on this machine, model and engine "
                   f"settings ({model.meta.get('steps_recorded', '?')} steps of {model.meta.get('compositions', '?')} "
-                  f"compositions; a check step ran {speed:.2f}× its prediction now), reused from {path}; "
-                  f"calibrated(..., fresh=True) measures it again.")
+                  f"compositions), reused from {path}; a check step ran {speed:.2f}× its prediction now, so every "
+                  f"step it predicts is × {speed:.2f}; calibrated(..., fresh=True) measures it again.")
             return model
     started = time.perf_counter()
     model = calibrate(llm, quick=quick, limits=limits)

@@ -63,8 +63,9 @@ print({key: llm.kvlab_settings["model"].split("/")[-1] for key, llm in engines.i
 #
 # The short sweep of lesson 05 (prefills of 64–512 tokens alone; batches of 1–8 sequences at 64-token prompts, of 8
 # at 256 and of 1–4 at 512 and 1,024), under a minute — or lesson 02's saved calibration for this machine, model
-# and engine settings, reused (the cell prints which, and its age). A fit whose median residual is above 15 % stops
-# here with one sentence.
+# and engine settings, reused (the cell prints which, and its age). A reused calibration predicts at the speed a
+# check step measures now (`model.speed`: 1.13 means every step is forecast 13 % longer than calibrated; a machine
+# more than 15 % off is calibrated anew). A fit whose median residual is above 15 % stops here with one sentence.
 
 # %%
 model = stepmodel.calibrated(main)
@@ -97,9 +98,10 @@ compute_ms = k["compute_scale"] * stepmodel.step_flops(cost, step) / lim.matmul_
 weights_ms = cost.weights_read(step.tokens) / lim.bandwidth * 1e3
 kv_ms = k["kv_scale"] * (stepmodel.step_bytes(cost, step) / lim.bandwidth * 1e3 - weights_ms)
 hardware_ms = max(compute_ms, weights_ms + kv_ms) if model.form == "max" else compute_ms + weights_ms + kv_ms
-by_hand = k["fixed_ms"] + k["per_sequence_ms"] * len(step.sequences) + hardware_ms
-print(f"{k['fixed_ms']:.2f} fixed + {k['per_sequence_ms']:.2f} × {len(step.sequences)} sequence + hardware "
-      f"{hardware_ms:.2f} (compute {compute_ms:.2f}, weights {weights_ms:.2f} + KV {kv_ms:.2f}) = {by_hand:.2f} ms")
+by_hand = (k["fixed_ms"] + k["per_sequence_ms"] * len(step.sequences) + hardware_ms) * model.speed
+print(f"({k['fixed_ms']:.2f} fixed + {k['per_sequence_ms']:.2f} × {len(step.sequences)} sequence + hardware "
+      f"{hardware_ms:.2f} (compute {compute_ms:.2f}, weights {weights_ms:.2f} + KV {kv_ms:.2f})) × speed now "
+      f"{model.speed:.2f} = {by_hand:.2f} ms")
 assert abs(by_hand - model.step_ms(step)) < 1e-9, "the hand arithmetic and stepmodel.step_ms disagree"
 
 # %% [markdown]

@@ -251,7 +251,8 @@ def test_a_plain_decode_step_is_one_sequence_one_token_no_draft():
 def test_a_saved_calibration_is_reused_only_for_the_same_key_and_while_recent(tmp_path, monkeypatch):
     """Lessons 02, 05, 09 and 10 share one calibration sweep: the second lesson loads what the first saved, a
     different machine, model or engine setting (the key) calibrates anew, as does an old file, ``fresh=True``, or a
-    check step that runs more than 15 % off the saved calibration's prediction."""
+    check step that runs more than 15 % off the saved calibration's prediction; a reused one predicts × the check's
+    speed."""
     monkeypatch.setenv("KVLAB_BUILD_DIR", str(tmp_path))
     key = {"model": "m", "dtype": "torch.bfloat16", "cpu": "c"}
     monkeypatch.setattr(stepmodel, "reuse_key", lambda llm, quick: key | {"engine": llm})
@@ -268,6 +269,10 @@ def test_a_saved_calibration_is_reused_only_for_the_same_key_and_while_recent(tm
     again = stepmodel.calibrated("eager")
     assert runs == ["eager"] and again.meta["reused"]["age_s"] >= 0
     assert again.constants == pytest.approx(first.constants) and again.form == first.form
+    step = stepmodel.decode_step(4, 300)
+    assert first.speed == 1.0 and again.speed == 1.05  # the machine 5 % slower now: every prediction 5 % longer
+    assert again.step_ms(step) == pytest.approx(1.05 * first.step_ms(step))
+    assert again.predict_ms([step]) == pytest.approx(again.step_ms(step))
     stepmodel.calibrated("compiled")  # another key: measured
     stepmodel.calibrated("eager", fresh=True)
     assert runs == ["eager", "compiled", "eager"]
