@@ -29,7 +29,7 @@ from kvlab.runtime import config
 from kvlab.runtime.errors import KVLabError
 from kvlab.runtime.randomweights import SECOND_MODEL
 from kvlab.runtime.templates import chat_template_ids
-from kvlab.stepmodel import StepModel, StepRecorder
+from kvlab.stepmodel import StepModel, StepRecorder, speed_now
 from kvlab.workload import Arrival, poisson_arrivals, run_workload
 
 #: Metrics scored per kind of point (peak KV blocks only where every request arrives at once: its timing is exact).
@@ -345,25 +345,12 @@ def measure_point(llm: Any, point: GridPoint) -> tuple[pd.DataFrame, pd.DataFram
 CANARY_SLOWER = 0.10
 
 
-def canary(llm: Any, model: StepModel, steps: int = 8) -> float:
-    """The machine's speed now, as the step model sees it: 4 sequences of 64 prompt tokens decoding ``steps`` tokens
-    (prefix cache emptied first), their recorded steps' measured ÷ predicted total time. The same work every time, so
-    a change between two canaries is the machine, not the workload (1.0: as calibrated)."""
-    prompts = distinct_prompts(llm.get_tokenizer(), 64, 4, seed=77)
-    recorder = StepRecorder(llm)
-    llm.reset_prefix_cache()
-    with recorder.recording():
-        run_workload(llm, [Arrival(f"canary {i}", ids, steps, 0.0) for i, ids in enumerate(prompts)])
-    llm.reset_prefix_cache()
-    terms = model.attribution(recorder.steps)
-    return float(terms.measured_ms.sum() / terms.predicted_ms.sum())
-
-
 def measure_grid(engines: dict[str, Any], grid: list[GridPoint], out: str | Path, model: StepModel | None = None,
                  retries: float = 0.25, retry_s: float = float("inf")) -> dict[str, Any]:
     """Measure every point (refused unless this grid's predictions are on disk); return {point: (requests, steps)}.
-    One untimed warm-up request per engine first. With ``model`` (the main engine's step model), a ``canary`` runs on
-    the main engine before each point and after the last: a point whose canary before or after ran more than
+    One untimed warm-up request per engine first. With ``model`` (the main engine's step model), a canary
+    (``stepmodel.speed_now``: the same 4 short sequences every time, measured ÷ predicted) runs on the main engine
+    before each point and after the last: a point whose canary before or after ran more than
     ``CANARY_SLOWER`` slower than the fastest canary so far was measured while the machine was busy, and is measured
     once more (at most ``retries`` × the points, and while the first runs of the points measured again add up to no
     more than ``retry_s`` seconds); the run beside the faster canaries is kept — chosen by the canaries, never by the
@@ -378,21 +365,21 @@ def measure_grid(engines: dict[str, Any], grid: list[GridPoint], out: str | Path
     if model is None:
         return {p.name: measure_point(engines[p.engine], p) for p in tqdm(grid, desc="measuring", leave=False)}
     main, left = engines["main"], max(1, int(retries * len(grid)))
-    fastest = before = canary(main, model)
+    fastest = before = speed_now(main, model, warm_up=False)
     measured = {}
     for p in tqdm(grid, desc="measuring", leave=False):
         started = time.perf_counter()
         result = measure_point(engines[p.engine], p)
         took = time.perf_counter() - started
-        after = canary(main, model)
+        after = speed_now(main, model, warm_up=False)
         fastest = min(fastest, before, after)
         slow = max(before, after) / fastest - 1
         record = {"before": before, "after": after, "slower": slow, "remeasured": False}
         if slow > CANARY_SLOWER and left > 0 and took <= retry_s:  # the machine was busy: once more, keep the calmer run
             left, retry_s = left - 1, retry_s - took
-            before_again = canary(main, model)
+            before_again = speed_now(main, model, warm_up=False)
             again = measure_point(engines[p.engine], p)
-            after_again = canary(main, model)
+            after_again = speed_now(main, model, warm_up=False)
             fastest = min(fastest, before_again, after_again)
             slow_again = max(before_again, after_again) / fastest - 1
             record |= {"remeasured": True, "first_slower": slow}

@@ -517,12 +517,14 @@ def saved_path(key: dict[str, str]) -> Path:
 REUSE_SPEED_TOLERANCE = 0.15
 
 
-def speed_now(llm: Any, model: StepModel, steps: int = 8) -> float:
+def speed_now(llm: Any, model: StepModel, steps: int = 8, warm_up: bool = True) -> float:
     """The machine's speed now, as ``model`` sees it: 4 sequences of 64 prompt tokens decoding ``steps`` tokens, their
-    steps' measured ÷ predicted time (1.0: as ``model`` predicts, its ``speed`` included). Two cloud machines with the
-    same CPU report can differ 1.6×."""
+    steps' measured ÷ predicted time (1.0: as ``model`` predicts, its ``speed`` included). The same work every time, so
+    a change between two checks is the machine (lesson 10's canaries between points, ``warm_up=False`` on an engine
+    already running). Two cloud machines with the same CPU report can differ 1.6×."""
     prompts = distinct_prompts(llm.get_tokenizer(), 64, 4, seed=77)
-    run_recorded(llm, prompts, 2)  # untimed: an engine's first steps after start-up run slower
+    if warm_up:
+        run_recorded(llm, prompts, 2)  # untimed: an engine's first steps after start-up run slower
     measured = run_recorded(llm, prompts, steps)
     llm.reset_prefix_cache()
     terms = model.attribution(measured)

@@ -114,7 +114,7 @@ def measured_beside_busy_canaries(tmp_path, monkeypatch, point_s: float = 0.0, *
         time.sleep(point_s)
         return pd.DataFrame({"run": [len(runs)]}), pd.DataFrame({"seconds": [0.1]})
 
-    monkeypatch.setattr(scorecard, "canary", lambda llm, model: next(speeds))
+    monkeypatch.setattr(scorecard, "speed_now", lambda llm, model, warm_up: next(speeds))
     monkeypatch.setattr(scorecard, "measure_point", fake_point)
     monkeypatch.setattr(scorecard, "run_workload", lambda llm, arrivals: None)
     return runs, scorecard.measure_grid({"main": object()}, grid, tmp_path, model=object(), retries=1.0, **kwargs)

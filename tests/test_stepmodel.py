@@ -147,9 +147,9 @@ def test_a_step_outside_the_calibration_is_predicted_within_15_percent(engine):
     for calibration in range(2):
         model = stepmodel.calibrated(engine, fresh=True)
         for _ in range(2):  # once more only if a canary says the machine ran at another speed than it was calibrated at
-            before = scorecard.canary(engine, model)
+            before = stepmodel.speed_now(engine, model)
             table = stepmodel.held_out(engine, model, [stepmodel.Point(8, 1024, 16)], repeats=2)
-            after = scorecard.canary(engine, model)
+            after = stepmodel.speed_now(engine, model)
             decode = table[(table.sequences == 8) & (table.tokens == 8)]
             error = float(decode.predicted_ms.median() / decode.measured_ms.median() - 1)
             tries.append(f"calibration {calibration + 1} (kv_scale {model.constants['kv_scale']:.2f}): predicted "
