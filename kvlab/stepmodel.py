@@ -547,8 +547,8 @@ def calibrated(llm: Any, quick: bool = True, limits: MachineLimits | None = None
             print(f"Step model: the calibration saved {age_s / 60:.0f} min ago for this machine's report runs "
                   f"{speed:.2f}× as long here now (another machine of the same kind, or a busy spell): measured anew.")
         elif model.meta.get("reuse_key") == key:
-            model.meta["reused"] = {"path": str(path), "age_s": round(age_s), "speed_now": round(speed, 3)}
-            model.speed = speed
+            model.meta["reused"] = {"path": str(path), "age_s": round(age_s)}
+            model.speed = speed  # the check's speed, kept once: on the model, saved with it
             print(f"Step model: the calibration saved {age_s / 60:.0f} min ago on this machine, model and engine "
                   f"settings ({model.meta.get('steps_recorded', '?')} steps of {model.meta.get('compositions', '?')} "
                   f"compositions), reused from {path}; a check step ran {speed:.2f}× its prediction now, so every "

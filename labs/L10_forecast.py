@@ -117,8 +117,8 @@ fig.show()
 # %%
 settings = {k: llm.kvlab_settings for k, llm in engines.items()}
 kvlab.results.save_results(card, out, p, engine_settings=settings | {"slo": objective.as_dict(), "capacity_rps": capacity,
-                                                                     "step_model": model.constants | {"speed": model.speed},
-                                                                     "predictions": stamp,
+                                                                     "step_model": model.constants,
+                                                                     "step_model_speed": model.speed, "predictions": stamp,
                                                                      "sustainable": sustainable},
                            tables={"summary.csv": summary, "capacity.csv": calls, "error_budget.csv": budget,
                                    "machine_speed.csv": scorecard.machine_speed(measured)},
