@@ -217,6 +217,10 @@ scorecard.scatter(card)
 
 # %% [markdown]
 # Each point's 80 % interval is the vertical bar; the dashed line is a perfect forecast.
+#
+# The takeaway is a median |TPOT error| within 15 % (20 % in quick mode). The canaries say whether the machine kept
+# the speed the predictions were made at: with their median within 10 % of the step model's time, a larger miss is
+# the model's and fails the lesson; on a machine that drifted further, the miss is printed with the canaries' speed.
 
 # %%
 blocks = card[card.metric == "peak_blocks"]
@@ -226,7 +230,15 @@ print(f"KV blocks in use: {int((blocks.predicted == blocks.measured).sum())} of 
       f"median |TPOT error| {tpot_error:.0%}; {inside} of {drawn} measurements ({coverage:.0%}) inside their 80 % "
       "interval (a calibrated interval: 70–90 %)")
 assert (blocks.predicted == blocks.measured).all(), blocks[["point", "predicted", "measured"]]
-assert tpot_error <= kvlab.pick(0.15, 0.20), f"median |TPOT error| {tpot_error:.0%}"
+drift = float(speed[["before", "after"]].stack().median())  # the canaries: measured ÷ predicted step time
+steady = not abs(drift - 1) > 0.10  # no canaries (nan): judged as steady, so a miss still fails
+tpot_ok = tpot_error <= kvlab.pick(0.15, 0.20)
+kvlab.claim(tpot_ok, f"median |TPOT error| {tpot_error:.0%}, within {kvlab.pick(0.15, 0.20):.0%}",
+            f"median |TPOT error| {tpot_error:.0%}, over {kvlab.pick(0.15, 0.20):.0%}, with the canaries at {drift:.2f}× "
+            "the step model's time: " + ("the machine kept its speed, so the miss is the model's" if steady else
+                                         "the machine drifted; rerun on a quieter machine to tell the model's error "
+                                         "from the machine's"), show=True, teaches="median |TPOT error| within 15 % (quick mode: 20 %)")
+assert tpot_ok or not steady, f"median |TPOT error| {tpot_error:.0%} with the canaries at {drift:.2f}×"
 
 # %% [markdown]
 # The speculation point, forecast given what vLLM counted in its run: the share of decode steps that had a draft
