@@ -268,8 +268,8 @@ gpu_split.assign(step=["decode at 1,024 tokens", "prefill of 1,024 tokens"])[["s
 # Now a short and a long prompt (2,048 tokens, fewer if the model's context is shorter: long enough for prefill to
 # matter, without section 3's slowest prefill nine times over), each with a few output lengths. The engine is warm
 # from section 3, so no warm-up here. The middle output length is section 3's own (32 tokens, 16 on a slow machine), so
-# a point section 3 already timed (its prompt length and output length) is taken from it rather than timed again. Each bar splits one request's median time into prefill and decode; the label
-# names the phase that dominates. Three repeats per point, two where the step model says three would take more than
+# a point section 3 already timed (its prompt length and output length) is taken from it rather than timed again.
+# Each bar splits one request's median time into prefill and decode; the label names the phase that dominates. Three repeats per point, two where the step model says three would take more than
 # half a minute here.
 
 # %%
